@@ -42,8 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dptune._params import sampling_rate, trial_steps  # noqa: E402
 from dptune.accounting import calibrate_noise_multiplier, epsilon, trial_event  # noqa: E402
-from dptune.config import DatasetSpec, TrialConfig, load_space, sampling_rate, steps_for  # noqa: E402
+from dptune.config import DatasetSpec, TrialConfig, load_space  # noqa: E402
 from dptune.data import load_dataset  # noqa: E402
 from dptune.dpsgd import resolve_clipping, run_trial  # noqa: E402
 from dptune.models import build_model, count_parameters  # noqa: E402
@@ -115,8 +116,8 @@ def build_config(args: argparse.Namespace, n_train: int) -> tuple[TrialConfig, d
     if args.smoke:  # a tiny folder: keep q = B/n small and physical batches cheap
         b = min(cfg.batch_size, max(1, n_train // 16))
         cfg = cfg.replace(batch_size=b, physical_batch_size=min(cfg.physical_batch_size, max(b, 16)))
-    q = sampling_rate(cfg.batch_size, n_train)
-    t_full = steps_for(cfg.epochs, cfg.batch_size, n_train)
+    q = sampling_rate(batch_size=cfg.batch_size, basis=n_train)
+    t_full = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=n_train)
     target = SEED_SETTING["target_epsilon"] if args.seed_setting else args.target_epsilon
     if target is not None:
         if args.noise_multiplier is not None:
@@ -127,7 +128,7 @@ def build_config(args: argparse.Namespace, n_train: int) -> tuple[TrialConfig, d
     cap = SMOKE_STEPS if args.smoke and args.steps is None else args.steps
     steps = t_full if cap is None else min(cap, t_full)
     run_cfg = cfg if steps == t_full else cfg.replace(epochs=steps * cfg.batch_size / n_train)
-    assert steps_for(run_cfg.epochs, run_cfg.batch_size, n_train) == steps
+    assert trial_steps(epochs=run_cfg.epochs, batch_size=run_cfg.batch_size, basis=n_train) == steps
     info = {"q": q, "steps_full": t_full, "steps_planned": steps, "target_epsilon": target,
             "epsilon_full": epsilon(trial_event(cfg.noise_multiplier, q, t_full, None), args.delta)}
     return run_cfg, info

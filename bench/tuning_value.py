@@ -13,7 +13,7 @@ and each paired seed (same data split seed, same training seed, same sealed-draw
      RDP composition search ⊕ final ≤ total (as ``dptune.train --target-epsilon --train-on-validation``);
 (c)  the whole budget to the search (TNB logarithmic stopping, K ≥ 1), the best trial's model released as is;
 (d)  subsample tuning: the search on a Poisson subsample of fraction f (``subsampled_search_event``, trials with
-     ``sampling_basis = f·n`` so q = B/(f·n) as charged), final training of ``transfer_config(params, f)`` on
+     ``sampling_basis = f·n`` passed to the trainer so q = B/(f·n) as charged), final training of ``transfer_config(params, f)`` on
      train ∪ validation, σ calibrated against the composed total.
 
 Stopping rule, mean, score noise σ_s, search share and f come from the planner's ``advise`` (best proxy) for
@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 from dp_accounting import dp_event as de  # noqa: E402
 
+from dptune._params import sampling_rate, trial_steps  # noqa: E402
 from dptune.accounting import (  # noqa: E402
     StoppingRule,
     advise,
@@ -62,8 +63,6 @@ from dptune.config import (  # noqa: E402
     SearchSpace,
     load_space,
     parse_space,
-    sampling_rate,
-    steps_for,
 )
 
 DELTA = 1e-5
@@ -189,11 +188,11 @@ def _advice_pick(space: SearchSpace, eps: float, fraction: float) -> tuple[Stopp
 def make_plan(eps: float, epochs: float) -> EpsPlan:
     digits = load_space(DIGITS_SPACE)
     d = digits.default
-    sig_a = calibrate_noise_multiplier([], sampling_rate(d.batch_size, N_FINAL),
-                                       steps_for(epochs, d.batch_size, N_FINAL), DELTA, eps)
+    sig_a = calibrate_noise_multiplier([], sampling_rate(batch_size=d.batch_size, basis=N_FINAL),
+                                       trial_steps(epochs=epochs, batch_size=d.batch_size, basis=N_FINAL), DELTA, eps)
     probe = bench_space(epochs, 9.0, 0.5)
     b2 = probe.default.batch_size
-    sig_a2 = calibrate_noise_multiplier([], sampling_rate(b2, N_FINAL), steps_for(epochs, b2, N_FINAL), DELTA, eps)
+    sig_a2 = calibrate_noise_multiplier([], sampling_rate(batch_size=b2, basis=N_FINAL), trial_steps(epochs=epochs, batch_size=b2, basis=N_FINAL), DELTA, eps)
     notes = []
     searches: dict[str, SearchPlan] = {}
 
@@ -276,8 +275,8 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
     out: dict[str, Any] = {"epsilon": eps, "seed": seed, "modes": {}}
 
     def final_run(cfg: Any, prior: list[de.DpEvent]) -> dict[str, Any]:
-        q = sampling_rate(cfg.batch_size, N_FINAL)
-        steps = steps_for(cfg.epochs, cfg.batch_size, N_FINAL)
+        q = sampling_rate(batch_size=cfg.batch_size, basis=N_FINAL)
+        steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_FINAL)
         sigma = calibrate_noise_multiplier(prior, q, steps, DELTA, eps)
         ev = trial_event(sigma, q, steps, None)
         total = composed_eps([*prior, ev])
@@ -302,10 +301,8 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
         trials = []
         for t in draw.trials:
             cfg = space.trial_config(t["params"], seed=int(t["seed"]))
-            if f < 1:
-                cfg = cfg.replace(sampling_basis=f * N_TRAIN)
-            r = run_trial(cfg, tune_data, evaluate_test=True)
-            charged = steps_for(cfg.epochs, cfg.batch_size, N_TRAIN) if f == 1.0 else \
+            r = run_trial(cfg, tune_data, evaluate_test=True, sampling_basis=f * N_TRAIN if f < 1 else None)
+            charged = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_TRAIN) if f == 1.0 else \
                 subsample_steps(cfg.epochs, cfg.batch_size, N_TRAIN, f)
             assert r.steps == charged, (r.steps, charged)
             trials.append({"params": t["params"], "score": r.score, "val_raw": r.val_accuracy_raw,

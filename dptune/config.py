@@ -16,6 +16,8 @@ from typing import Any
 import optuna.distributions as od
 import yaml
 
+from dptune.errors import ConfigError, check_delta, check_positive
+
 __all__ = [
     "ConfigError",
     "DatasetSpec",
@@ -25,8 +27,6 @@ __all__ = [
     "load_space",
     "nominal_train_size",
     "parse_space",
-    "sampling_rate",
-    "steps_for",
 ]
 
 MODELS = ("gn_cnn", "resnet9", "wrn16_4")
@@ -37,44 +37,12 @@ STOPPING_RULES = ("poisson", "tnb", "composed")
 ACCOUNTING_MODES = ("random_stopping", "composed")
 SEARCHERS = ("random", "tpe")
 SCHEDULERS = ("fifo", "asha")
+# Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
+# the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
+INTERNAL_FIELDS = ("seed", "sampling_basis")
 # Hyperparameters a space may search over (everything else of TrialConfig is fixed per space).
 SEARCHABLE = ("learning_rate", "batch_size", "groups", "noise_multiplier", "epochs", "max_grad_norm",
               "momentum", "ema_decay", "augmult")
-
-
-class ConfigError(ValueError):
-    """Bad user input: names the field, what is wrong, and how to fix it (CLIs exit with status 2)."""
-
-    def __init__(self, field_name: str, problem: str, fix: str) -> None:
-        self.field = field_name
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"{field_name}: {problem}; {fix}")
-
-
-# --------------------------------------------------------------------------------------------------
-# privacy parameters shared by the trainer and the accountant (one definition, so they cannot drift)
-
-
-def sampling_rate(batch_size: int, n_train: float) -> float:
-    """Poisson sampling rate q = B / n of one DP-SGD step."""
-    if n_train < 1:
-        raise ConfigError("dataset", f"the training split has {n_train} examples", "use a non-empty dataset")
-    if not 1 <= batch_size <= n_train:
-        raise ConfigError(
-            "batch_size",
-            f"{batch_size} is outside 1..{n_train:g} (the training split has {n_train:g} examples)",
-            f"choose a batch size between 1 and {int(n_train)}",
-        )
-    return batch_size / n_train
-
-
-def steps_for(epochs: float, batch_size: int, n_train: float) -> int:
-    """Number of DP-SGD steps T = ceil(epochs * n / B) (expected batch B under Poisson sampling)."""
-    if epochs <= 0:
-        raise ConfigError("epochs", f"{epochs} is not positive", "choose epochs > 0")
-    sampling_rate(batch_size, n_train)
-    return max(1, math.ceil(epochs * n_train / batch_size - 1e-9))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,11 +70,11 @@ class TrialConfig:
     clipping: str = "auto"
     physical_batch_size: int = 256
     score_noise: float | None = 6.0
+    # Secret entropy of the trial's random streams (training noise, Poisson batches, augmentation, score
+    # noise): >= 128 bits from the OS (see dpsgd.TrialStreams). It is never released: a narrow seed can be
+    # enumerated to strip the Gaussian noise off a released score.
     seed: int = 0
     fix_batchnorm: bool = False
-    # n used for q = B/n and T = ceil(epochs·n/B); None = the training split's size. Set by a search on a
-    # Poisson subsample of fraction f to f·n, so trials run at exactly the rate the accountant charged.
-    sampling_basis: float | None = None
 
     def __post_init__(self) -> None:
         _check_trial(self)
@@ -163,8 +131,7 @@ def _coerce(name: str, value: Any, type_: Any) -> Any:
 
 
 def _positive(name: str, value: float, fix: str) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ConfigError(name, f"{value!r} must be > 0", fix)
+    check_positive(name, value, fix)
 
 
 def _check_trial(c: TrialConfig) -> None:
@@ -194,8 +161,6 @@ def _check_trial(c: TrialConfig) -> None:
         raise ConfigError("augmult", f"{c.augmult!r} must be an integer >= 0", "use 0 (off) or e.g. 4, 8, 16")
     if c.ema_decay is not None and not 0 < c.ema_decay < 1:
         raise ConfigError("ema_decay", f"{c.ema_decay!r} is not in (0, 1)", "use e.g. 0.999, or null for off")
-    if c.sampling_basis is not None:
-        _positive("sampling_basis", c.sampling_basis, "leave it null (set by subsample tuning)")
     if c.score_noise is not None:
         _positive("score_noise", c.score_noise,
                   "choose a noise std > 0 for the released correct-count, or declare the validation split public")
@@ -296,6 +261,11 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     score_noise = None if dataset.public_validation else privacy.score_noise
 
     model_raw = _section(raw, "model", ("name", "scale_norm", "fix_batchnorm"))
+    for key in INTERNAL_FIELDS:
+        for section in ("fixed", "default"):
+            if isinstance(raw.get(section), Mapping) and key in raw[section]:
+                raise ConfigError(f"{section}.{key}", "is internal to dptune (set per trial from the sealed draw "
+                                  "and the planner), not a setting", f"remove {section}.{key} from the space")
     fixed_raw = _section(raw, "fixed", tuple(f.name for f in dataclasses.fields(TrialConfig)))
     base: dict[str, Any] = dict(fixed_raw)
     if "name" in model_raw:
@@ -357,8 +327,7 @@ def nominal_train_size(spec: DatasetSpec) -> int | None:
 
 
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
-    if not (isinstance(p.delta, float) and 0 < p.delta < 1):
-        raise ConfigError("privacy.delta", f"{p.delta!r} is not in (0, 1)", "choose e.g. 1e-5 (below 1/n)")
+    check_delta("privacy.delta", p.delta)
     if p.stopping not in STOPPING_RULES:
         raise ConfigError("privacy.stopping", f"unknown stopping rule {p.stopping!r}",
                           f"use one of: {', '.join(STOPPING_RULES)}")

@@ -1,7 +1,7 @@
 """One DP-SGD trial (the only Opacus importer): Poisson sampling, per-sample clipping, Gaussian noise.
 
 The privacy-relevant numbers (q, sigma, T) come from :mod:`dptune.config` so the accountant charges
-exactly what runs: q = sampling_rate(B, n), T = steps_for(epochs, B, n) logical steps, counted here.
+exactly what runs: q = sampling_rate(B, n), T = trial_steps(epochs, B, n) logical steps, counted here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch import nn
 from torch.nn.grad import conv2d_weight
 
-from dptune.config import ConfigError, TrialConfig, sampling_rate, steps_for
+from dptune._params import sampling_rate, trial_steps
+from dptune.config import ConfigError, TrialConfig
 from dptune.data import Splits
 from dptune.data._augment import augment_views
 from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
@@ -55,7 +56,7 @@ class TrialResult:
     model_state: dict[str, torch.Tensor] | None = None
 
 
-def resolve_clipping(config: TrialConfig, n_train: int) -> str:
+def resolve_clipping(config: TrialConfig, basis: float) -> str:
     """The per-sample-gradient mode that will run. Ghost clipping cannot average augmented views before
     clipping and is used without gradient accumulation, so it needs a logical batch that fits one
     physical batch (B + 4 sqrt(B), a Poisson tail bound) and augmult == 0; otherwise hooks."""
@@ -64,7 +65,7 @@ def resolve_clipping(config: TrialConfig, n_train: int) -> str:
         b = config.batch_size
         if config.augmult > 0 or b + 4 * math.sqrt(b) > config.physical_batch_size:
             return "hooks"
-    sampling_rate(config.batch_size, n_train)
+    sampling_rate(batch_size=config.batch_size, basis=basis)
     return mode
 
 
@@ -337,17 +338,19 @@ def run_trial(
     device: str | None = None,
     evaluate_test: bool = False,
     return_model: bool = False,
+    sampling_basis: float | None = None,
 ) -> TrialResult:
     """Train one DP-SGD trial and release its (noised) validation score; resumes from checkpoint_path."""
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
     x_train, y_train = data.train
     n = len(y_train)
-    basis = config.sampling_basis or n  # subsample tuning fixes q and T on f·n before the draw
-    q = sampling_rate(config.batch_size, basis)
-    total_steps = steps_for(config.epochs, config.batch_size, basis)
-    steps_per_epoch = max(1, math.ceil(n / config.batch_size))
-    mode = resolve_clipping(config, n)
+    # subsample tuning fixes q and T on the data-independent f·n before the draw, never on |X₁|
+    basis = n if sampling_basis is None else sampling_basis
+    q = sampling_rate(batch_size=config.batch_size, basis=basis)
+    total_steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=basis)
+    steps_per_epoch = max(1, math.ceil(basis / config.batch_size))
+    mode = resolve_clipping(config, basis)
     views = config.augmult
     chunk = max(1, config.physical_batch_size // max(views, 1))  # physical batch counts augmented views
 

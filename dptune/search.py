@@ -183,8 +183,7 @@ def _main(args: argparse.Namespace) -> int:
     # with f < 1 the search runs on a Poisson subsample X₁ (Koskela & Kulkarni 2023): plan_search charges
     # trials at q = B/(f·n), fixed before X₁ is drawn, and amplifies the whole search (Zhu & Wang 2019)
     plan = plan_search(space, n_train, rule, compare=False)
-    if f < 1:
-        space = dataclasses.replace(space, fixed=space.fixed.replace(sampling_basis=f * n_train))
+    sampling_basis = f * n_train if f < 1 else None  # data-independent: q = B/(f·n), never B/|X₁|
     ledger = Ledger(args.ledger)
 
     if args.resume:
@@ -242,7 +241,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"  Ray dashboard: {dashboard or 'see your cluster head'}")
             run.write_state(status="running", dashboard=dashboard)
             rows = runner.run_trials(space, draw, data, run, opts, show_trials=args.show_trials,
-                                     resume=args.resume)
+                                     resume=args.resume, sampling_basis=sampling_basis)
         finally:
             runner.shutdown()
         write_trials(run.trials_file, rows)

@@ -23,9 +23,10 @@ from typing import Any
 import yaml
 
 from dptune._cli import run_cli
+from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import calibrate_noise_multiplier, trial_event
 from dptune.certificate import Certificate, compose_epsilon, load_certificate
-from dptune.config import ConfigError, DatasetSpec, TrialConfig, _coerce, sampling_rate, steps_for
+from dptune.config import ConfigError, DatasetSpec, TrialConfig, _coerce
 from dptune.ledger import Ledger
 
 __all__ = ["main"]
@@ -188,8 +189,8 @@ def _train(args: argparse.Namespace, release: Release, data: Any, ledger: Ledger
     config = release.config.replace(seed=seed, score_noise=None)
     if args.epochs is not None:
         config = config.replace(epochs=float(args.epochs))
-    q = sampling_rate(config.batch_size, n)
-    steps = steps_for(config.epochs, config.batch_size, n)
+    q = sampling_rate(batch_size=config.batch_size, basis=n)
+    steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
     prior = [e for _, e in cert.events]
     if args.target_epsilon is not None:
         sigma = calibrate_noise_multiplier(prior, q, steps, cert.delta, args.target_epsilon)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dptune.dpsgd as dpsgd
-from dptune.config import ConfigError, DatasetSpec, TrialConfig, sampling_rate, steps_for
+from dptune._params import sampling_rate, trial_steps
+from dptune.config import ConfigError, DatasetSpec, TrialConfig
 from dptune.data import Splits, load_dataset, poisson_subsample
 from dptune.dpsgd import init_model, make_engine, resolve_clipping, run_trial
 
@@ -62,8 +63,8 @@ def test_poisson_steps_and_rate(small: Splits, mode: str, monkeypatch: pytest.Mo
     epochs: list[tuple[int, dict[str, Any]]] = []
     result = run_trial(config, small, on_epoch=lambda e, m: epochs.append((e, m)))
     assert result.clipping_mode == mode
-    assert result.steps == steps_for(2.5, 8, n) == epochs[-1][1]["steps"]
-    assert result.sampling_rate == sampling_rate(8, n) and result.noise_multiplier == 1.0
+    assert result.steps == trial_steps(epochs=2.5, batch_size=8, basis=n) == epochs[-1][1]["steps"]
+    assert result.sampling_rate == sampling_rate(batch_size=8, basis=n) and result.noise_multiplier == 1.0
     assert [e for e, _ in epochs] == [1, 2, 3] and result.epochs_done == 3
     assert len(set(sizes)) > 3  # Poisson batch sizes vary
 
@@ -73,7 +74,7 @@ def test_empty_poisson_batches(small: Splits, mode: str) -> None:
     n = len(small.train[1])
     result = run_trial(BASE.replace(batch_size=1, epochs=0.5, clipping=_clipping(mode), learning_rate=0.05), small)
     # q = 1/n: about a third of the batches are empty, each is still a (noise-only) step
-    assert result.steps == steps_for(0.5, 1, n) and not result.diverged
+    assert result.steps == trial_steps(epochs=0.5, batch_size=1, basis=n) and not result.diverged
 
 
 def _engine(mode: str, config: TrialConfig, data: Splits) -> dpsgd._Engine:
@@ -174,7 +175,7 @@ def test_score_noise_private_vs_public(small: Splits) -> None:
 def test_divergence_gives_minus_infinity(small: Splits) -> None:
     result = run_trial(BASE.replace(learning_rate=1e30, noise_multiplier=50.0, epochs=3.0), small)
     assert result.diverged and result.score == -math.inf
-    assert result.steps < steps_for(3.0, 64, len(small.train[1]))  # stopped early
+    assert result.steps < trial_steps(epochs=3.0, batch_size=64, basis=len(small.train[1]))  # stopped early
 
 
 def _bn_net(config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> nn.Module:

@@ -16,8 +16,9 @@ from dp_accounting import dp_event as de
 from dp_accounting.rdp import RdpAccountant
 
 from dptune import accounting as A
+from dptune._params import trial_steps
 from dptune.certificate import compose_epsilon, load_certificate
-from dptune.config import ConfigError, steps_for
+from dptune.config import ConfigError
 from dptune.ledger import Ledger
 from dptune.train import main as train_main
 from tests.conftest import free_port, run_cli
@@ -109,7 +110,7 @@ def test_final_training_end_to_end(release: tuple[Path, Path], tmp_path: Path) -
     assert "seed" not in model["config"] and model["config"]["score_noise"] is None
     assert all(isinstance(v, torch.Tensor) for v in model["model_state"].values())
     released = yaml.safe_load((rel / "best_config.yaml").read_text())["config"]
-    batch, steps = released["batch_size"], steps_for(released["epochs"], released["batch_size"], N_TRAIN)
+    batch, steps = released["batch_size"], trial_steps(epochs=released["epochs"], batch_size=released["batch_size"], basis=N_TRAIN)
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0 <= metrics["test_accuracy"] <= 1 and metrics["steps"] == steps and metrics["seconds"] > 0
     seed_file = out / "private_seed.json"

@@ -154,7 +154,8 @@ def make_tuner(trainable: Any, trials: int, storage: Path, callbacks: list[Callb
 
 
 def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions,
-               show_trials: bool = False, resume: bool = False) -> list[dict[str, Any]]:
+               show_trials: bool = False, resume: bool = False,
+               sampling_basis: float | None = None) -> list[dict[str, Any]]:
     """Run the draw's trials on Ray Tune; return one row per trial (sealed data)."""
     gpus = _gpus(opts)
     resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
@@ -163,7 +164,8 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     trainable = tune.with_resources(
         tune.with_parameters(dptune_trial, data=data, slots=draw.trials, fixed=fixed,
                              threads=max(1, int(opts.cpus_per_trial)), save_model=opts.save_model,
-                             checkpoint_every=opts.checkpoint_every, adaptive_seed_base=draw.draw_seed),
+                             checkpoint_every=opts.checkpoint_every, adaptive_seed_base=draw.draw_seed,
+                             sampling_basis=sampling_basis),
         resources)
     exp_dir = run.ray_dir / "tune"
     log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)

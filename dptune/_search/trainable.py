@@ -24,7 +24,7 @@ __all__ = ["dptune_trial"]
 
 def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
                  threads: int = 1, save_model: bool = False, checkpoint_every: int = 0,
-                 adaptive_seed_base: int = 0) -> None:
+                 adaptive_seed_base: int = 0, sampling_basis: float | None = None) -> None:
     started = time.time()
     import torch
 
@@ -64,7 +64,7 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     try:
         cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
         result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
-                                 return_model=save_model)
+                                 return_model=save_model, sampling_basis=sampling_basis)
         metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
                    "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
                    "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from dp_accounting import dp_event as de
 
+from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._planner import (
     TrialPoint,
     _sigma_values,
@@ -43,7 +44,7 @@ from dptune.accounting._subsample import (
     subsample_steps,
     subsampled_search_event,
 )
-from dptune.config import ConfigError, SearchSpace, sampling_rate, steps_for
+from dptune.config import ConfigError, SearchSpace
 
 __all__ = ["Advice", "Candidate", "advise", "final_event", "search_event_for", "subsampled_sigma_floor"]
 
@@ -188,7 +189,7 @@ def _space_points(space: SearchSpace, n_train: int, fraction: float) -> list[tup
     for b in _values(space, "batch_size"):
         for ep in _values(space, "epochs"):
             if fraction == 1.0:
-                out.add((sampling_rate(int(b), n_train), steps_for(float(ep), int(b), n_train)))
+                out.add((sampling_rate(batch_size=int(b), basis=n_train), trial_steps(epochs=float(ep), batch_size=int(b), basis=n_train)))
             else:
                 out.add((subsample_sampling_rate(int(b), n_train, fraction),
                          subsample_steps(float(ep), int(b), n_train, fraction)))
@@ -240,8 +241,8 @@ def advise(space: SearchSpace, n_train: int, target_epsilon: float, *, delta: fl
     sigma_low = _sigma_values(space, None)[0]
 
     def final_recipe(f: float) -> tuple[float, int, int]:  # transfer rule: q and epochs of the trial kept
-        q = subsample_sampling_rate(d.batch_size, n_train, f) if f < 1 else sampling_rate(d.batch_size, n_train)
-        steps = subsample_steps(d.epochs, d.batch_size, n_train, f) if f < 1 else steps_for(d.epochs, d.batch_size, n_train)
+        q = subsample_sampling_rate(d.batch_size, n_train, f) if f < 1 else sampling_rate(batch_size=d.batch_size, basis=n_train)
+        steps = subsample_steps(d.epochs, d.batch_size, n_train, f) if f < 1 else trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=n_train)
         return q, max(1, round(d.batch_size / f)), steps
 
     q0, b0, t0 = final_recipe(1.0)

@@ -10,11 +10,12 @@ import numpy as np
 import optuna.distributions as od
 from dp_accounting import dp_event as de
 
+from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._events import WorstCaseDpEvent, trial_event
 from dptune.accounting._rdp import epsilon_from_rdp, rdp_of
 from dptune.accounting._rules import StoppingRule
 from dptune.accounting._subsample import subsampled_search_event
-from dptune.config import ConfigError, SearchSpace, sampling_rate, steps_for, support_values
+from dptune.config import ConfigError, SearchSpace, support_values
 
 __all__ = ["Plan", "TrialPoint", "alternative_rules", "epsilon", "plan_search", "reachable_points", "sigma_floor", "worst_case_event"]
 
@@ -67,8 +68,8 @@ def reachable_points(space: SearchSpace, n_train: float, sigma_low: float | None
     for sigma in _sigma_values(space, sigma_low):
         for b in _values(space, "batch_size"):
             for ep in _values(space, "epochs"):
-                q = sampling_rate(int(b), n_train)
-                points.add(TrialPoint(float(sigma), q, steps_for(float(ep), int(b), n_train),
+                q = sampling_rate(batch_size=int(b), basis=n_train)
+                points.add(TrialPoint(float(sigma), q, trial_steps(epochs=float(ep), batch_size=int(b), basis=n_train),
                                       space.fixed.score_noise))
     return sorted(points)
 

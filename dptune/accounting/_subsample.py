@@ -40,6 +40,7 @@ import numpy as np
 from dp_accounting import dp_event as de
 from scipy.special import gammaln
 
+from dptune._params import trial_steps
 from dptune.accounting import _events
 from dptune.accounting._events import WorstCaseDpEvent
 from dptune.config import ConfigError
@@ -253,10 +254,8 @@ def subsample_sampling_rate(batch_size: int, n_train: int, fraction: float) -> f
 
 def subsample_steps(epochs: float, batch_size: int, n_train: int, fraction: float) -> int:
     """T = ⌈epochs·f·n / B⌉ steps: epochs over the *expected* subsample, fixed before the draw."""
-    q = subsample_sampling_rate(batch_size, n_train, fraction)
-    if not epochs > 0:
-        raise ConfigError("epochs", f"{epochs} is not positive", "choose epochs > 0")
-    return max(1, math.ceil(epochs / q - 1e-9))
+    subsample_sampling_rate(batch_size, n_train, fraction)
+    return trial_steps(epochs=epochs, batch_size=batch_size, basis=_check_fraction(fraction) * n_train)
 
 
 def min_subsample_size(n: int, fraction: float, failure_prob: float) -> int:

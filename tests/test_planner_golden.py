@@ -1,0 +1,35 @@
+"""The planner's ε for every shipped space is unchanged by refactors (to 1e-9).
+
+``tests/data/planner_golden.json`` was written by the planner of commit d121573 (before the accounting
+refactor of issue 11) with ``nominal_train_size`` (1000 for spaces without one), f = 1 and f = 0.5.
+Regenerate it only for a deliberate, documented change of the accounting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from dptune.accounting import plan_search
+from dptune.config import load_space, nominal_train_size
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = json.loads((ROOT / "tests" / "data" / "planner_golden.json").read_text())
+
+
+@pytest.mark.parametrize("key", sorted(GOLDEN))
+def test_planner_epsilon_unchanged(key: str) -> None:
+    path, fraction = key.rsplit("@", 1)
+    expected = GOLDEN[key]
+    space = dataclasses.replace(load_space(ROOT / path), tune_fraction=float(fraction))
+    n = nominal_train_size(space.dataset) or 1000
+    assert isinstance(expected, dict), expected
+    plan = plan_search(space, n, compare=True)
+    assert plan.trial_epsilon == pytest.approx(expected["trial"], rel=1e-9, abs=1e-9)
+    assert plan.search_epsilon == pytest.approx(expected["search"], rel=1e-9, abs=1e-9)
+    assert set(plan.alternatives) == set(expected["alt"])
+    for label, eps in expected["alt"].items():
+        assert plan.alternatives[label] == pytest.approx(eps, rel=1e-9, abs=1e-9), label
