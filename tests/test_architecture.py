@@ -19,8 +19,8 @@ RULES: dict[str, tuple[str, ...]] = {
                   "dptune.train"),
     "certificate.py": ("torch", "ray", "opacus", "dptune.dpsgd", "dptune.models", "dptune.data", "dptune.search",
                        "dptune.train", "dptune.ledger"),
-    "dpsgd.py": ("ray", "dptune.accounting", "dptune.ledger", "dptune.certificate", "dptune.search",
-                 "dptune.train"),
+    "dpsgd/": ("ray", "dptune.accounting", "dptune.ledger", "dptune.certificate", "dptune.search",
+               "dptune.train"),
     "models/": ("ray", "opacus", "dptune.accounting", "dptune.ledger", "dptune.certificate", "dptune.search",
                 "dptune.dpsgd", "dptune.data", "dptune.train"),
     "data/": ("ray", "opacus", "dptune.accounting", "dptune.ledger", "dptune.certificate", "dptune.search",
@@ -29,7 +29,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "report.py": ("torch", "ray", "opacus"),
     "_plots.py": ("torch", "ray", "opacus", "dptune.ledger", "dptune.certificate"),
 }
-ONLY = {"ray": ("_search/", "search.py"), "opacus": ("dpsgd.py",)}
+ONLY = {"ray": ("_search/", "search.py"), "opacus": ("dpsgd/",)}
 
 
 def _imports(path: Path) -> set[str]:

@@ -15,7 +15,8 @@ import dptune.dpsgd as dpsgd
 from dptune._params import sampling_rate, trial_steps
 from dptune.config import ConfigError, DatasetSpec, TrialConfig
 from dptune.data import Splits, load_dataset, poisson_subsample
-from dptune.dpsgd import init_model, make_engine, resolve_clipping, run_trial
+from dptune.data._augment import augment_views
+from dptune.dpsgd import _engines, _trial, init_model, make_engine, resolve_clipping, run_trial
 
 MODES = ["hooks", "functorch", "ghost", "bookkeeping"]
 BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1.0, learning_rate=0.5,
@@ -48,8 +49,8 @@ def test_short_dp_training_beats_chance(digits: Splits) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_poisson_steps_and_rate(small: Splits, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
-    engine_cls = {"hooks": dpsgd._HooksEngine, "functorch": dpsgd._VmapEngine, "ghost": dpsgd._GhostEngine,
-                  "bookkeeping": dpsgd._BookKeepingEngine}[mode]
+    engine_cls = {"hooks": _engines.HooksEngine, "functorch": _engines.VmapEngine, "ghost": _engines.GhostEngine,
+                  "bookkeeping": _engines.BookKeepingEngine}[mode]
     original = engine_cls.backward
 
     def spy(self: Any, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int) -> torch.Tensor:
@@ -77,7 +78,7 @@ def test_empty_poisson_batches(small: Splits, mode: str) -> None:
     assert result.steps == trial_steps(epochs=0.5, batch_size=1, basis=n) and not result.diverged
 
 
-def _engine(mode: str, config: TrialConfig, data: Splits) -> dpsgd._Engine:
+def _engine(mode: str, config: TrialConfig, data: Splits) -> dpsgd.Engine:
     return make_engine(mode, init_model(config, data), config, torch.Generator().manual_seed(0), noise_multiplier=0.0)
 
 
@@ -88,7 +89,7 @@ def test_augmult_each_example_contributes_at_most_the_clip_norm(digits: Splits, 
     engine = _engine(mode, config, digits)
     g = torch.Generator().manual_seed(0)
     x, y = digits.train[0][:6], digits.train[1][:6]
-    views = dpsgd.augment_views(x, k, g)
+    views = augment_views(x, k, g)
     engine.backward(views, y, k)
     gs = [p.grad_sample for p in engine.params]
     assert all(t.shape[0] == 6 for t in gs)  # one (view-averaged) gradient per example, not per view
@@ -184,7 +185,7 @@ def _bn_net(config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) 
 
 
 def test_batchnorm_model_refused_or_fixed(small: Splits, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dpsgd, "build_model", _bn_net)
+    monkeypatch.setattr(_trial, "build_model", _bn_net)
     with pytest.raises(ConfigError) as e:
         run_trial(BASE, small)
     assert e.value.field == "model"
@@ -214,7 +215,7 @@ def test_bookkeeping_matches_functorch(digits: Splits, views: int) -> None:
     config = BASE.replace(max_grad_norm=0.5, augmult=views)
     x, y = digits.train[0][:10], digits.train[1][:10]
     if views:
-        x = dpsgd.augment_views(x, views, torch.Generator().manual_seed(0))
+        x = augment_views(x, views, torch.Generator().manual_seed(0))
     ref = _engine("functorch", config, digits)
     ref.backward(x, y, views, 8)  # last two rows: padding
     ref.optimizer.clip_and_accumulate()

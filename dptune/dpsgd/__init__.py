@@ -1,0 +1,29 @@
+"""One DP-SGD trial (the only Opacus importer): Poisson sampling, per-sample clipping, Gaussian noise.
+
+The privacy-relevant numbers (q, σ, T) come from :mod:`dptune._params`, the one formula the accountant uses
+too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical steps, counted here.
+
+Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradients and the
+Opacus optimizers), ``_streams`` (random streams), ``_state`` (trial state and checkpoint),
+``_release`` (the score's Gaussian mechanism).
+"""
+
+from dptune.dpsgd._engines import AUTO_CLIPPING, Engine, engine_mode, make_engine, resolve_clipping
+from dptune.dpsgd._loop import padded_size
+from dptune.dpsgd._release import ScoreRelease
+from dptune.dpsgd._streams import TrialStreams
+from dptune.dpsgd._trial import TrialResult, init_model, run_trial
+
+__all__ = [
+    "AUTO_CLIPPING",
+    "Engine",
+    "ScoreRelease",
+    "TrialResult",
+    "TrialStreams",
+    "engine_mode",
+    "init_model",
+    "make_engine",
+    "padded_size",
+    "resolve_clipping",
+    "run_trial",
+]

@@ -1,0 +1,69 @@
+"""What a trial mutates, and its checkpoint: the one place the checkpoint schema is written and read."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._engines import Engine
+from dptune.dpsgd._streams import TrialStreams
+
+__all__ = ["TrialRun", "TrialState", "restore_checkpoint", "save_checkpoint"]
+
+
+@dataclass
+class TrialState:
+    """Counters of a trial in progress."""
+
+    steps: int = 0  # logical DP-SGD steps performed (optimizer steps that added noise)
+    epochs_done: int = 0
+    seconds: float = 0.0
+    diverged: bool = False
+
+
+@dataclass
+class TrialRun:
+    """Everything a running trial mutates; a checkpoint holds exactly this (plus what identifies the trial)."""
+
+    model: nn.Module
+    engine: Engine
+    streams: TrialStreams
+    ema: dict[str, torch.Tensor] | None
+    state: TrialState = field(default_factory=TrialState)
+
+    @property
+    def named_params(self) -> list[tuple[str, nn.Parameter]]:
+        return [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
+
+
+def _identity(config: TrialConfig, n_train: int) -> dict[str, Any]:
+    return {"config": config.to_dict(), "n_train": n_train}
+
+
+def save_checkpoint(path: Path, run: TrialRun, config: TrialConfig, n_train: int) -> None:
+    st = run.state
+    payload = {**_identity(config, n_train), "model": run.model.state_dict(),
+               "optimizer": run.engine.optimizer.original_optimizer.state_dict(), "ema": run.ema,
+               "steps": st.steps, "epochs_done": st.epochs_done, "seconds": st.seconds,
+               "rng": run.streams.state()}
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
+
+
+def restore_checkpoint(path: Path, run: TrialRun, config: TrialConfig, n_train: int, device: torch.device) -> None:
+    ck = torch.load(path, map_location=device, weights_only=False)
+    if {k: ck[k] for k in ("config", "n_train")} != _identity(config, n_train):
+        raise ConfigError("checkpoint_path", f"{path} belongs to another trial or dataset",
+                          "delete it or pass this trial's own checkpoint")
+    run.model.load_state_dict(ck["model"])
+    run.engine.optimizer.original_optimizer.load_state_dict(ck["optimizer"])
+    run.ema = ck["ema"]
+    run.state = TrialState(ck["steps"], ck["epochs_done"], ck["seconds"])
+    run.streams.load_state(ck["rng"])

@@ -1,0 +1,145 @@
+"""One DP-SGD trial: set up, resume, run the epochs, release the score."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dptune._params import sampling_rate, trial_steps
+from dptune.config import TrialConfig
+from dptune.data import Splits
+from dptune.dpsgd._engines import engine_mode, make_engine, resolve_clipping
+from dptune.dpsgd._loop import Schedule, train_epoch
+from dptune.dpsgd._release import ScoreRelease
+from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint
+from dptune.dpsgd._streams import TrialStreams
+from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
+
+__all__ = ["TrialResult", "init_model", "run_trial", "schedule"]
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class TrialResult:
+    score: float  # released: noised validation accuracy (private) or plain accuracy (public validation)
+    val_accuracy_raw: float  # curator-only, never released
+    diverged: bool
+    sampling_rate: float
+    noise_multiplier: float
+    steps: int  # logical DP-SGD steps actually performed
+    epochs_done: int
+    seconds: float
+    clipping_mode: str
+    test_accuracy: float | None = None
+    model_state: dict[str, torch.Tensor] | None = None
+
+
+def init_model(config: TrialConfig, data: Splits, streams: TrialStreams | None = None) -> nn.Module:
+    """Seeded model init in a forked RNG (the caller's global RNG is left alone); BN refused or fixed."""
+    init_seed = (streams or TrialStreams.from_entropy(config.seed)).init_seed
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed)
+        model = build_model(config, data.num_classes, data.input_shape)
+    if config.fix_batchnorm:
+        fix_batchnorm(model, config.groups)
+    check_no_batchnorm(model)
+    return model
+
+
+def schedule(config: TrialConfig, basis: float) -> Schedule:
+    """What the trial runs, from data-independent quantities only (basis = n, or f·n on a subsample)."""
+    views = config.augmult
+    return Schedule(sampling_rate=sampling_rate(batch_size=config.batch_size, basis=basis),
+                    steps=trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=basis),
+                    steps_per_epoch=max(1, math.ceil(basis / config.batch_size)),
+                    clipping_mode=resolve_clipping(config, basis), views=views,
+                    chunk=max(1, config.physical_batch_size // max(views, 1)), ema_decay=config.ema_decay)
+
+
+def run_trial(
+    config: TrialConfig,
+    data: Splits,
+    *,
+    checkpoint_path: Path | None = None,
+    on_epoch: Callable[[int, dict[str, Any]], None] | None = None,
+    device: str | None = None,
+    evaluate_test: bool = False,
+    return_model: bool = False,
+    sampling_basis: float | None = None,
+) -> TrialResult:
+    """Train one DP-SGD trial and release its (noised) validation score; resumes from checkpoint_path.
+
+    ``sampling_basis``: subsample tuning fixes q and T on the data-independent f·n before the draw,
+    never on the realised |X₁| (default: the training split's size)."""
+    t0 = time.perf_counter()
+    dev = torch.device(device or "cpu")
+    n = len(data.train[1])
+    sched = schedule(config, n if sampling_basis is None else sampling_basis)
+    run = _start(config, data, sched, dev)
+    if checkpoint_path is not None and Path(checkpoint_path).exists():
+        restore_checkpoint(Path(checkpoint_path), run, config, n, dev)
+    resumed_seconds = run.state.seconds
+    st = run.state
+    while st.steps < sched.steps and not st.diverged:
+        train_loss = train_epoch(run, data.train, sched, dev)
+        st.seconds = resumed_seconds + time.perf_counter() - t0
+        if checkpoint_path is not None:
+            save_checkpoint(Path(checkpoint_path), run, config, n)
+        if on_epoch is not None:
+            on_epoch(st.epochs_done, {"train_loss": train_loss, "steps": st.steps, "diverged": st.diverged})
+    return _finish(run, config, data, sched, dev, evaluate_test, return_model,
+                   resumed_seconds + time.perf_counter() - t0)
+
+
+def _start(config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device) -> TrialRun:
+    streams = TrialStreams.from_entropy(config.seed, dev)
+    model = init_model(config, data, streams).to(dev)
+    model.train()
+    engine = make_engine(sched.clipping_mode, model, config, streams.noise)
+    ema = None
+    if config.ema_decay is not None:
+        ema = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
+    return TrialRun(model, engine, streams, ema)
+
+
+def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device,
+            evaluate_test: bool, return_model: bool, seconds: float) -> TrialResult:
+    model, ema, st = run.model, run.ema, run.state
+    eval_params = None if ema is None else {**dict(model.named_buffers()), **ema}
+    n_val = len(data.val[1])
+    correct = _correct(model, eval_params, data.val, dev)
+    score = ScoreRelease(config.score_noise).release(correct, n_val, run.streams.score, st.diverged)
+    test_acc = None
+    if evaluate_test:
+        test_acc = _correct(model, eval_params, data.test, dev) / len(data.test[1])
+    state = None
+    if return_model:
+        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        if ema is not None:
+            state.update({k: v.detach().cpu().clone() for k, v in ema.items()})
+    return TrialResult(score=score, val_accuracy_raw=correct / n_val, diverged=st.diverged,
+                       sampling_rate=sched.sampling_rate, noise_multiplier=config.noise_multiplier, steps=st.steps,
+                       epochs_done=st.epochs_done, seconds=seconds, clipping_mode=engine_mode(run.engine),
+                       test_accuracy=test_acc, model_state=state)
+
+
+@torch.no_grad()
+def _correct(model: nn.Module, params: dict[str, torch.Tensor] | None, pair: Pair, device: torch.device) -> int:
+    was_training = model.training
+    model.eval()
+    correct = 0
+    x, y = pair
+    for i in range(0, len(y), 1024):
+        xb = x[i:i + 1024].to(device)
+        out = model(xb) if params is None else torch.func.functional_call(model, params, (xb,))
+        correct += int((out.argmax(1).cpu() == y[i:i + 1024]).sum())
+    model.train(was_training)
+    return correct
