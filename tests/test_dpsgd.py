@@ -141,7 +141,8 @@ class _Stop(Exception):
 
 
 def test_checkpoint_resume_equals_uninterrupted(small: Splits, tmp_path: Path) -> None:
-    config = BASE.replace(batch_size=16, epochs=3.0, augmult=2, ema_decay=0.9, momentum=0.9, score_noise=2.0)
+    config = BASE.replace(batch_size=16, epochs=3.0, augmult=2, ema_decay=0.9, momentum=0.9, score_noise=2.0,
+                          seed=2**127 + 2**64 + 3)  # 128-bit entropy: every stream resumes where it stopped
     full = run_trial(config, small, return_model=True)
     ck = tmp_path / "trial.pt"
 
@@ -160,7 +161,10 @@ def test_checkpoint_resume_equals_uninterrupted(small: Splits, tmp_path: Path) -
         assert torch.equal(v, resumed.model_state[k]), k
     assert resumed.score == full.score and resumed.val_accuracy_raw == full.val_accuracy_raw
     with pytest.raises(ConfigError) as e:
-        run_trial(config.replace(seed=5), small, checkpoint_path=ck)
+        run_trial(config.replace(seed=config.seed + 2**100), small, checkpoint_path=ck)  # another trial
+    assert e.value.field == "checkpoint_path"
+    with pytest.raises(ConfigError) as e:
+        run_trial(config, small, checkpoint_path=ck, sampling_basis=500.0)  # another q and T
     assert e.value.field == "checkpoint_path"
 
 

@@ -14,7 +14,7 @@ from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._engines import Engine
 from dptune.dpsgd._streams import TrialStreams
 
-__all__ = ["TrialRun", "TrialState", "restore_checkpoint", "save_checkpoint"]
+__all__ = ["TrialRun", "TrialState", "restore_checkpoint", "save_checkpoint", "trial_identity"]
 
 
 @dataclass
@@ -42,13 +42,14 @@ class TrialRun:
         return [(k, p) for k, p in self.model.named_parameters() if p.requires_grad]
 
 
-def _identity(config: TrialConfig, n_train: int) -> dict[str, Any]:
-    return {"config": config.to_dict(), "n_train": n_train}
+def trial_identity(config: TrialConfig, n_train: int, basis: float) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the trial (seed included), its data size and q's basis."""
+    return {"config": config.to_dict(), "n_train": n_train, "basis": basis}
 
 
-def save_checkpoint(path: Path, run: TrialRun, config: TrialConfig, n_train: int) -> None:
+def save_checkpoint(path: Path, run: TrialRun, identity: dict[str, Any]) -> None:
     st = run.state
-    payload = {**_identity(config, n_train), "model": run.model.state_dict(),
+    payload = {"identity": identity, "model": run.model.state_dict(),
                "optimizer": run.engine.optimizer.original_optimizer.state_dict(), "ema": run.ema,
                "steps": st.steps, "epochs_done": st.epochs_done, "seconds": st.seconds,
                "rng": run.streams.state()}
@@ -57,13 +58,14 @@ def save_checkpoint(path: Path, run: TrialRun, config: TrialConfig, n_train: int
     os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
 
 
-def restore_checkpoint(path: Path, run: TrialRun, config: TrialConfig, n_train: int, device: torch.device) -> None:
-    ck = torch.load(path, map_location=device, weights_only=False)
-    if {k: ck[k] for k in ("config", "n_train")} != _identity(config, n_train):
+def restore_checkpoint(path: Path, run: TrialRun, identity: dict[str, Any], device: torch.device) -> None:
+    # weights_only: a checkpoint is data, never code; CPU first (RNG states must stay CPU ByteTensors)
+    ck = torch.load(path, map_location="cpu", weights_only=True)
+    if ck.get("identity") != identity:
         raise ConfigError("checkpoint_path", f"{path} belongs to another trial or dataset",
                           "delete it or pass this trial's own checkpoint")
     run.model.load_state_dict(ck["model"])
     run.engine.optimizer.original_optimizer.load_state_dict(ck["optimizer"])
-    run.ema = ck["ema"]
+    run.ema = None if ck["ema"] is None else {k: v.to(device) for k, v in ck["ema"].items()}
     run.state = TrialState(ck["steps"], ck["epochs_done"], ck["seconds"])
     run.streams.load_state(ck["rng"])

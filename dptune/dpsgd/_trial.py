@@ -18,7 +18,7 @@ from dptune.data import Splits
 from dptune.dpsgd._engines import engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import Schedule, train_epoch
 from dptune.dpsgd._release import ScoreRelease
-from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint
+from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, trial_identity
 from dptune.dpsgd._streams import TrialStreams
 from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
 
@@ -82,17 +82,19 @@ def run_trial(
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
     n = len(data.train[1])
-    sched = schedule(config, n if sampling_basis is None else sampling_basis)
+    basis = n if sampling_basis is None else sampling_basis
+    sched = schedule(config, basis)
+    identity = trial_identity(config, n, basis)
     run = _start(config, data, sched, dev)
     if checkpoint_path is not None and Path(checkpoint_path).exists():
-        restore_checkpoint(Path(checkpoint_path), run, config, n, dev)
+        restore_checkpoint(Path(checkpoint_path), run, identity, dev)
     resumed_seconds = run.state.seconds
     st = run.state
     while st.steps < sched.steps and not st.diverged:
         train_loss = train_epoch(run, data.train, sched, dev)
         st.seconds = resumed_seconds + time.perf_counter() - t0
         if checkpoint_path is not None:
-            save_checkpoint(Path(checkpoint_path), run, config, n)
+            save_checkpoint(Path(checkpoint_path), run, identity)
         if on_epoch is not None:
             on_epoch(st.epochs_done, {"train_loss": train_loss, "steps": st.steps, "diverged": st.diverged})
     return _finish(run, config, data, sched, dev, evaluate_test, return_model,
