@@ -3,12 +3,21 @@ points enforced, no data-dependent branches (divergence, small subsamples). Real
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
-from dptune.config import DatasetSpec, TrialConfig
+from dptune._params import sampling_rate, trial_steps
+from dptune.accounting import TrialPoint, reachable_points
+from dptune.config import DatasetSpec, TrialConfig, load_space
 from dptune.data import Splits, load_dataset, poisson_subsample
-from dptune.dpsgd import TrialStreams, run_trial
+from dptune.dpsgd import ChargeMismatch, TrialStreams, _trial, init_model, make_engine, run_trial
+from dptune.dpsgd._charge import check_charged
+from dptune.dpsgd._optim import NoiseMeter
 
 WIDE = 2**127 + 0x5EED  # a 128-bit trial entropy
 BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1.0, learning_rate=0.5,
@@ -77,3 +86,98 @@ def test_trial_uses_all_bits_of_its_seed(small: Splits) -> None:
     assert a.score != b.score
     assert a.model_state is not None and b.model_state is not None
     assert any(not torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+
+
+# --------------------------------------------------------------------------------------------------
+# the run is measured, and the measurement equals the charge
+
+
+@pytest.mark.parametrize("mode", ["bookkeeping", "hooks"])
+def test_trial_runs_what_was_charged(digits: Splits, mode: str) -> None:
+    """Noise additions == steps == charged T; the added noise's empirical std is σ·C; the realised mean
+    Poisson batch is q·n within a binomial 99.9 % interval; the score noise drawn is the charged one.
+    Physical batches of 24 < B: noise must be added once per logical batch, not per chunk."""
+    sigma, clip, batch, epochs = 1.3, 0.7, 64, 2.0
+    config = BASE.replace(batch_size=batch, epochs=epochs, noise_multiplier=sigma, max_grad_norm=clip,
+                          score_noise=4.0, physical_batch_size=24, clipping="auto" if mode == "bookkeeping" else mode)
+    n = len(digits.train[1])
+    q, steps = sampling_rate(batch_size=batch, basis=n), trial_steps(epochs=epochs, batch_size=batch, basis=n)
+    point = TrialPoint(sigma, q, steps, 4.0)  # what the accountant charges for this trial
+    result = run_trial(config, digits, charged_points=[point])
+    m = result.measured
+    assert result.clipping_mode == mode
+    assert m.noise_additions == result.steps == point.steps
+    n_params = sum(p.numel() for p in init_model(config, digits).parameters())
+    assert m.noised_coordinates == point.steps * n_params  # every coordinate noised at every step
+    assert m.noise_std is not None and m.noise_std == pytest.approx(point.noise_multiplier * clip, rel=0.02)
+    half_width = 3.29 * math.sqrt(n * q * (1 - q) / steps)  # Σ batch sizes ~ Binomial(n·T, q)
+    assert abs(m.mean_batch_size - point.sampling_rate * n) <= half_width
+    assert m.score_noise == point.score_noise
+    public = run_trial(config.replace(score_noise=None, epochs=0.1), digits)
+    assert public.measured.score_noise is None and public.score == public.val_accuracy_raw
+
+
+def test_measured_noise_follows_the_optimizer_not_the_config(digits: Splits) -> None:
+    """Control: an optimizer built with another σ than the config shows up in the measurement."""
+    config = BASE.replace(noise_multiplier=2.0, max_grad_norm=0.5)
+    meter = NoiseMeter()
+    engine = make_engine("hooks", init_model(config, digits), config, torch.Generator().manual_seed(0),
+                         noise_multiplier=0.5, meter=meter)
+    for i in range(3):
+        engine.backward(digits.train[0][i * 16:(i + 1) * 16], digits.train[1][i * 16:(i + 1) * 16], 0)
+        engine.optimizer.step()
+        engine.optimizer.zero_grad(set_to_none=True)
+    assert meter.additions == 3 and meter.std() == pytest.approx(0.5 * 0.5, rel=0.02)
+
+
+def _refuse_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    def touched(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the trial touched the data before checking its charge")
+
+    monkeypatch.setattr(_trial, "_start", touched)
+    monkeypatch.setattr(_trial, "train_epoch", touched)
+
+
+@pytest.mark.parametrize(("why", "change"), [
+    ("trial's σ below the charged floor", {"noise_multiplier": 1.0 + 1e-6}),
+    ("trial's q above the charged one", {"sampling_rate": 0.5 * 64 / 1257}),
+    ("more steps than charged", {"steps": 19}),
+    ("less score noise than charged", {"score_noise": 4.5}),
+    ("charge has no score release", {"score_noise": None}),
+])
+def test_trial_refuses_to_run_what_was_not_charged(digits: Splits, monkeypatch: pytest.MonkeyPatch, why: str,
+                                                   change: dict[str, Any]) -> None:
+    config = BASE.replace(batch_size=64, epochs=1.0, noise_multiplier=1.0, score_noise=4.0)
+    n = len(digits.train[1])
+    exact = TrialPoint(1.0, sampling_rate(batch_size=64, basis=n), trial_steps(epochs=1.0, batch_size=64, basis=n), 4.0)
+    assert exact.steps == 20
+    _refuse_data(monkeypatch)
+    bad = dataclasses.replace(exact, **change)
+    with pytest.raises(ChargeMismatch, match="refusing to start"):
+        run_trial(config, digits, charged_points=[bad])
+    # a raw score released while the charge priced a noised one: refused too
+    with pytest.raises(ChargeMismatch):
+        run_trial(config.replace(score_noise=None), digits, charged_points=[exact])
+    # q's basis is part of the charge: the same config on a subsample basis is another trial
+    with pytest.raises(ChargeMismatch):
+        run_trial(config, digits, charged_points=[exact], sampling_basis=0.5 * n)
+
+
+def test_trial_accepts_a_dominating_charge(digits: Splits) -> None:
+    config = BASE.replace(batch_size=64, epochs=0.5, noise_multiplier=2.5, score_noise=6.0)
+    n = len(digits.train[1])
+    q, steps = sampling_rate(batch_size=64, basis=n), trial_steps(epochs=0.5, batch_size=64, basis=n)
+    others = [TrialPoint(3.0, q, steps, 6.0), TrialPoint(2.0, q / 2, steps, 6.0)]  # neither covers it
+    covering = TrialPoint(2.0, 2 * q, 3 * steps, 5.0)  # cheaper σ and score noise, more q and T
+    result = run_trial(config, digits, charged_points=[*others, covering])
+    assert result.steps == result.measured.noise_additions == steps
+    # the planner's own points for the digits space cover its default trial
+    space = load_space(Path(__file__).resolve().parent.parent / "search_spaces" / "digits.yaml")
+    points = reachable_points(space, n)
+    d = space.default
+    check_charged(points, noise_multiplier=d.noise_multiplier, sampling_rate=sampling_rate(batch_size=d.batch_size, basis=n),
+                  steps=trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=n), score_noise=d.score_noise)
+    # the largest batch on half the basis has twice the largest charged q: not charged
+    with pytest.raises(ChargeMismatch):
+        check_charged(points, noise_multiplier=d.noise_multiplier, sampling_rate=sampling_rate(batch_size=256, basis=n / 2),
+                      steps=trial_steps(epochs=d.epochs, batch_size=256, basis=n / 2), score_noise=d.score_noise)

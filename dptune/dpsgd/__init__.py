@@ -3,20 +3,24 @@
 The privacy-relevant numbers (q, σ, T) come from :mod:`dptune._params`, the one formula the accountant uses
 too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical steps, counted here.
 
-Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradients and the
-Opacus optimizers), ``_streams`` (random streams), ``_state`` (trial state and checkpoint),
-``_release`` (the score's Gaussian mechanism).
+Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),
+``_streams`` (random streams), ``_state`` (trial state and checkpoint),
+``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
+non-finite examples dropped), ``_charge`` (a trial refuses what was not charged).
 """
 
+from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._streams import TrialStreams
-from dptune.dpsgd._trial import TrialResult, init_model, run_trial
+from dptune.dpsgd._trial import Measured, TrialResult, init_model, run_trial
 
 __all__ = [
     "AUTO_CLIPPING",
+    "ChargeMismatch",
     "Engine",
+    "Measured",
     "ScoreRelease",
     "TrialResult",
     "TrialStreams",

@@ -13,13 +13,14 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+from opacus.optimizers import DPOptimizer
 from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 from torch.nn.grad import conv2d_weight
 
 from dptune._params import sampling_rate
 from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._optim import ClippingDPOptimizer, NoiseMeter, SummedDPOptimizer
 
 __all__ = ["AUTO_CLIPPING", "Engine", "engine_mode", "make_engine", "resolve_clipping"]
 
@@ -113,7 +114,7 @@ class GhostEngine(Engine):
         super().__init__(model, optimizer)
         self.gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean",
                                                         max_grad_norm=max_grad_norm, use_ghost_clipping=True)
-        assert isinstance(optimizer, DPOptimizerFastGradientClipping)
+        assert isinstance(optimizer, SummedDPOptimizer)
         self.loss = DPLossFastGradientClipping(self.gsm, optimizer, nn.CrossEntropyLoss(), "mean")
 
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
@@ -225,24 +226,28 @@ def _base_optimizer(config: TrialConfig, params: list[nn.Parameter]) -> torch.op
 
 
 def make_engine(mode: str, model: nn.Module, config: TrialConfig, noise: torch.Generator,
-                noise_multiplier: float | None = None) -> Engine:
-    """The engine for ``mode`` with its DPOptimizer (noise_multiplier override: tests only)."""
+                noise_multiplier: float | None = None, meter: NoiseMeter | None = None) -> Engine:
+    """The engine for ``mode`` with its DPOptimizer (noise_multiplier override: tests only); ``meter``
+    records every noise addition the optimizer performs."""
     sigma = config.noise_multiplier if noise_multiplier is None else noise_multiplier
     base = _base_optimizer(config, [p for p in model.parameters() if p.requires_grad])
     kw: dict[str, Any] = dict(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm,
                               expected_batch_size=config.batch_size, loss_reduction="mean", generator=noise)
-    if mode == "ghost":
-        return GhostEngine(model, DPOptimizerFastGradientClipping(base, **kw), config.max_grad_norm)
     if mode == "bookkeeping" and not BookKeepingEngine.supports(model):
         mode = "functorch"
-    if mode == "bookkeeping":
-        return BookKeepingEngine(model, DPOptimizerFastGradientClipping(base, **kw), config.max_grad_norm)
-    opt = DPOptimizer(base, **kw)
-    if mode == "hooks":
-        return HooksEngine(model, opt)
-    if mode == "functorch":
-        return VmapEngine(model, opt)
-    raise ConfigError("clipping", f"unknown clipping mode {mode!r}", "use one of: auto, hooks, functorch, ghost")
+    engine: Engine
+    if mode in ("ghost", "bookkeeping"):
+        summed = SummedDPOptimizer(base, **kw)
+        summed.meter = meter
+        cls = GhostEngine if mode == "ghost" else BookKeepingEngine
+        engine = cls(model, summed, config.max_grad_norm)
+    elif mode in ("hooks", "functorch"):
+        opt = ClippingDPOptimizer(base, **kw)
+        opt.meter = meter
+        engine = HooksEngine(model, opt) if mode == "hooks" else VmapEngine(model, opt)
+    else:
+        raise ConfigError("clipping", f"unknown clipping mode {mode!r}", "use one of: auto, hooks, functorch, ghost")
+    return engine
 
 
 def engine_mode(engine: Engine) -> str:

@@ -72,6 +72,7 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
     if not all(bool(torch.isfinite(p).all()) for _, p in named):
         st.diverged = True
     st.epochs_done += 1
+    st.examples += seen
     return loss_sum / max(seen, 1)
 
 

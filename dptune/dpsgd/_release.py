@@ -22,9 +22,11 @@ class ScoreRelease:
 
     score_noise: float | None
 
-    def release(self, correct: int, n_val: int, rng: np.random.Generator, diverged: bool) -> float:
+    def release(self, correct: int, n_val: int, rng: np.random.Generator, diverged: bool) -> tuple[float, float | None]:
+        """The released score, and the std of the Gaussian actually drawn for it (None: no draw)."""
         if diverged:
-            return -math.inf
+            return -math.inf, None
         if self.score_noise is None:
-            return correct / n_val
-        return (correct + float(rng.normal(0.0, self.score_noise))) / n_val
+            return correct / n_val, None
+        noise = float(rng.normal(0.0, self.score_noise))
+        return (correct + noise) / n_val, self.score_noise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._engines import Engine
+from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._streams import TrialStreams
 
 __all__ = ["TrialRun", "TrialState", "restore_checkpoint", "save_checkpoint", "trial_identity"]
@@ -25,6 +27,7 @@ class TrialState:
     epochs_done: int = 0
     seconds: float = 0.0
     diverged: bool = False
+    examples: int = 0  # examples in all logical (Poisson) batches so far: the realised batch rate
 
 
 @dataclass
@@ -35,6 +38,7 @@ class TrialRun:
     engine: Engine
     streams: TrialStreams
     ema: dict[str, torch.Tensor] | None
+    meter: NoiseMeter
     state: TrialState = field(default_factory=TrialState)
 
     @property
@@ -51,8 +55,7 @@ def save_checkpoint(path: Path, run: TrialRun, identity: dict[str, Any]) -> None
     st = run.state
     payload = {"identity": identity, "model": run.model.state_dict(),
                "optimizer": run.engine.optimizer.original_optimizer.state_dict(), "ema": run.ema,
-               "steps": st.steps, "epochs_done": st.epochs_done, "seconds": st.seconds,
-               "rng": run.streams.state()}
+               "state": dataclasses.asdict(st), "meter": run.meter.state(), "rng": run.streams.state()}
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
     os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
@@ -67,5 +70,6 @@ def restore_checkpoint(path: Path, run: TrialRun, identity: dict[str, Any], devi
     run.model.load_state_dict(ck["model"])
     run.engine.optimizer.original_optimizer.load_state_dict(ck["optimizer"])
     run.ema = None if ck["ema"] is None else {k: v.to(device) for k, v in ck["ema"].items()}
-    run.state = TrialState(ck["steps"], ck["epochs_done"], ck["seconds"])
+    run.state = TrialState(**ck["state"])
+    run.meter.load_state(ck["meter"], device)
     run.streams.load_state(ck["rng"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,16 +15,33 @@ from torch import nn
 from dptune._params import sampling_rate, trial_steps
 from dptune.config import TrialConfig
 from dptune.data import Splits
+from dptune.dpsgd._charge import check_charged
 from dptune.dpsgd._engines import engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import Schedule, train_epoch
+from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, trial_identity
 from dptune.dpsgd._streams import TrialStreams
 from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
 
-__all__ = ["TrialResult", "init_model", "run_trial", "schedule"]
+__all__ = ["Measured", "TrialResult", "init_model", "run_trial", "schedule"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a trial actually ran, measured from its tensors and batches (not copied from its config).
+
+    A trial runs as charged when noise_additions == steps == T, noise_std ≈ σ·C (the std per coordinate of
+    the summed clipped gradient, Opacus' convention), mean_batch_size ≈ q·|train| (binomial), and
+    score_noise is the charged score noise (None: the raw score was released, public validation)."""
+
+    noise_additions: int  # Gaussian noise additions the optimizer performed (one per logical step)
+    noised_coordinates: int  # coordinates that received noise, summed over all additions
+    noise_std: float | None  # empirical std of all noise added (None: no addition)
+    mean_batch_size: float  # realised mean logical (Poisson) batch size over the steps
+    score_noise: float | None  # std of the Gaussian the score release drew (None: none drawn)
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +55,7 @@ class TrialResult:
     epochs_done: int
     seconds: float
     clipping_mode: str
+    measured: Measured
     test_accuracy: float | None = None
     model_state: dict[str, torch.Tensor] | None = None
 
@@ -74,16 +92,23 @@ def run_trial(
     evaluate_test: bool = False,
     return_model: bool = False,
     sampling_basis: float | None = None,
+    charged_points: Iterable[Any] | None = None,
 ) -> TrialResult:
     """Train one DP-SGD trial and release its (noised) validation score; resumes from checkpoint_path.
 
     ``sampling_basis``: subsample tuning fixes q and T on the data-independent f·n before the draw,
-    never on the realised |X₁| (default: the training split's size)."""
+    never on the realised |X₁| (default: the training split's size). ``charged_points``: the worst-case
+    points the accountant charged (objects with .noise_multiplier .sampling_rate .steps .score_noise, e.g.
+    ``dptune.accounting.TrialPoint``); the trial raises :class:`ChargeMismatch` before touching the data
+    unless one covers it."""
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
     n = len(data.train[1])
     basis = n if sampling_basis is None else sampling_basis
     sched = schedule(config, basis)
+    if charged_points is not None:
+        check_charged(charged_points, noise_multiplier=config.noise_multiplier, sampling_rate=sched.sampling_rate,
+                      steps=sched.steps, score_noise=config.score_noise)
     identity = trial_identity(config, n, basis)
     run = _start(config, data, sched, dev)
     if checkpoint_path is not None and Path(checkpoint_path).exists():
@@ -105,11 +130,12 @@ def _start(config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device
     streams = TrialStreams.from_entropy(config.seed, dev)
     model = init_model(config, data, streams).to(dev)
     model.train()
-    engine = make_engine(sched.clipping_mode, model, config, streams.noise)
+    meter = NoiseMeter()
+    engine = make_engine(sched.clipping_mode, model, config, streams.noise, meter=meter)
     ema = None
     if config.ema_decay is not None:
         ema = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
-    return TrialRun(model, engine, streams, ema)
+    return TrialRun(model, engine, streams, ema, meter)
 
 
 def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device,
@@ -118,7 +144,10 @@ def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, d
     eval_params = None if ema is None else {**dict(model.named_buffers()), **ema}
     n_val = len(data.val[1])
     correct = _correct(model, eval_params, data.val, dev)
-    score = ScoreRelease(config.score_noise).release(correct, n_val, run.streams.score, st.diverged)
+    score, score_noise = ScoreRelease(config.score_noise).release(correct, n_val, run.streams.score, st.diverged)
+    measured = Measured(noise_additions=run.meter.additions, noised_coordinates=run.meter.coordinates,
+                        noise_std=run.meter.std(), mean_batch_size=st.examples / max(st.steps, 1),
+                        score_noise=score_noise)
     test_acc = None
     if evaluate_test:
         test_acc = _correct(model, eval_params, data.test, dev) / len(data.test[1])
@@ -130,7 +159,7 @@ def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, d
     return TrialResult(score=score, val_accuracy_raw=correct / n_val, diverged=st.diverged,
                        sampling_rate=sched.sampling_rate, noise_multiplier=config.noise_multiplier, steps=st.steps,
                        epochs_done=st.epochs_done, seconds=seconds, clipping_mode=engine_mode(run.engine),
-                       test_accuracy=test_acc, model_state=state)
+                       measured=measured, test_accuracy=test_acc, model_state=state)
 
 
 @torch.no_grad()
