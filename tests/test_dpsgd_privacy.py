@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, reachable_points
@@ -181,3 +183,70 @@ def test_trial_accepts_a_dominating_charge(digits: Splits) -> None:
     with pytest.raises(ChargeMismatch):
         check_charged(points, noise_multiplier=d.noise_multiplier, sampling_rate=sampling_rate(batch_size=256, basis=n / 2),
                       steps=trial_steps(epochs=d.epochs, batch_size=256, basis=n / 2), score_noise=d.score_noise)
+
+
+# --------------------------------------------------------------------------------------------------
+# no data-dependent branches
+
+
+def _linear(config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], num_classes))
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "bookkeeping"])
+def test_huge_losses_do_not_decide_divergence(digits: Splits, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs scaled by 1e37 under a linear model: every per-example loss is finite but ~1e37, so a batch's
+    summed loss overflows to inf (private, pre-clipping), while each clipped gradient and the noised
+    parameters stay finite. The old loss branch declared this diverged (score −∞, early stop): a decision
+    on private quantities. Now it runs all T steps and releases a real score."""
+    monkeypatch.setattr(_trial, "build_model", _linear)
+    x, y = digits.train
+    huge = dataclasses.replace(digits, train=(x * 1e37, y))
+    config = BASE.replace(batch_size=64, epochs=2.0, learning_rate=0.1, clipping="auto" if mode == "bookkeeping" else mode)
+    logged: list[float] = []
+    result = run_trial(config, huge, on_epoch=lambda e, m: logged.append(m["train_loss"]), return_model=True)
+    assert result.clipping_mode == mode
+    with torch.no_grad():
+        losses = F.cross_entropy(init_model(config, huge)(huge.train[0][:64]), y[:64], reduction="none")
+    assert bool(torch.isfinite(losses).all()) and not math.isfinite(float(losses.sum()))  # the premise
+    assert not any(math.isfinite(v) for v in logged)  # curator-side log: the summed loss overflowed
+    assert not result.diverged and math.isfinite(result.score)
+    assert result.steps == result.measured.noise_additions == trial_steps(epochs=2.0, batch_size=64, basis=len(y))
+    assert result.model_state is not None and all(bool(torch.isfinite(v).all()) for v in result.model_state.values())
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "bookkeeping"])
+def test_a_nonfinite_example_contributes_zero(digits: Splits, mode: str) -> None:
+    """An example whose gradient is NaN (here: a NaN pixel) adds exactly nothing to the clipped sum, instead
+    of making it NaN: whether a noised step is NaN must not depend on one example."""
+    config = BASE.replace(max_grad_norm=0.5, clipping="auto" if mode == "bookkeeping" else mode)
+    x, y = digits.train[0][:12].clone(), digits.train[1][:12]
+    x[5, 0, 3, 3] = float("nan")
+    sums = []
+    for xb, yb in ((x, y), (torch.cat([x[:5], x[6:]]), torch.cat([y[:5], y[6:]]))):
+        engine = make_engine(mode, init_model(config, digits), config, torch.Generator().manual_seed(0),
+                             noise_multiplier=0.0)
+        engine.backward(xb, yb, 0)
+        if mode != "bookkeeping":
+            engine.optimizer.clip_and_accumulate()
+            sums.append(torch.cat([p.summed_grad.flatten() for p in engine.params]))
+        else:
+            sums.append(torch.cat([p.grad.flatten() for p in engine.params]))
+    assert bool(torch.isfinite(sums[0]).all())
+    assert torch.allclose(sums[0], sums[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [40, 0])
+def test_small_subsample_runs_at_the_charged_rate(digits: Splits, size: int) -> None:
+    """Subsample tuning: q = B/basis with basis = f·n = 200 fixed before the draw, B = 120 > |X₁| = 40 (or
+    0). The trial must run its T steps like any other (a refusal would reveal that |X₁| was small)."""
+    x, y = digits.train
+    tiny = dataclasses.replace(digits, train=(x[:size], y[:size]))
+    config = BASE.replace(batch_size=120, epochs=3.0, clipping="hooks", score_noise=3.0)
+    steps = trial_steps(epochs=3.0, batch_size=120, basis=200.0)
+    point = TrialPoint(1.0, sampling_rate(batch_size=120, basis=200.0), steps, 3.0)
+    result = run_trial(config, tiny, sampling_basis=200.0, charged_points=[point])
+    assert result.sampling_rate == point.sampling_rate == 0.6
+    assert result.steps == result.measured.noise_additions == steps and not result.diverged
+    assert math.isfinite(result.score)
+    assert result.measured.mean_batch_size == pytest.approx(0.6 * size, abs=3.29 * math.sqrt(size * 0.24 / steps) + 1e-9)

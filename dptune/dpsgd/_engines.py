@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
+from opacus.grad_sample import GradSampleModule
 from opacus.optimizers import DPOptimizer
 from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
@@ -20,7 +20,14 @@ from torch.nn.grad import conv2d_weight
 
 from dptune._params import sampling_rate
 from dptune.config import ConfigError, TrialConfig
-from dptune.dpsgd._optim import ClippingDPOptimizer, NoiseMeter, SummedDPOptimizer
+from dptune.dpsgd._optim import (
+    ClippingDPOptimizer,
+    GhostClippingModule,
+    NoiseMeter,
+    SummedDPOptimizer,
+    clip_factors,
+    zero_rows,
+)
 
 __all__ = ["AUTO_CLIPPING", "Engine", "engine_mode", "make_engine", "resolve_clipping"]
 
@@ -112,8 +119,8 @@ class GhostEngine(Engine):
 
     def __init__(self, model: nn.Module, optimizer: DPOptimizer, max_grad_norm: float) -> None:
         super().__init__(model, optimizer)
-        self.gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean",
-                                                        max_grad_norm=max_grad_norm, use_ghost_clipping=True)
+        self.gsm = GhostClippingModule(model, batch_first=True, loss_reduction="mean",
+                                       max_grad_norm=max_grad_norm, use_ghost_clipping=True)
         assert isinstance(optimizer, SummedDPOptimizer)
         self.loss = DPLossFastGradientClipping(self.gsm, optimizer, nn.CrossEntropyLoss(), "mean")
 
@@ -164,9 +171,16 @@ class BookKeepingEngine(Engine):
         sq = x.new_zeros(n)
         for m, g in zip(self.layers, grads, strict=True):
             sq += self._sq_norm(m, self.acts[m][0], g, n)
-        coef = (self.clip / (sq.sqrt() + 1e-6)).clamp(max=1.0).repeat_interleave(k)
+        # An example whose gradient norm is not finite (an overflow, a NaN) contributes exactly zero: a
+        # per-example rule, so the sum stays a sum of contributions of norm <= C (0 * inf would be NaN and
+        # one example would decide whether the whole noised step is NaN).
+        coef, drop = clip_factors(sq.sqrt(), self.clip)
+        coef = coef.repeat_interleave(k)
         for m, g in zip(self.layers, grads, strict=True):
-            self._clipped_sum(m, self.acts[m][0], g * coef.view(-1, *([1] * (g.dim() - 1))))
+            a = self.acts[m][0]
+            if drop is not None:
+                a, g = zero_rows(a, drop.repeat_interleave(k)), zero_rows(g, drop.repeat_interleave(k))
+            self._clipped_sum(m, a, g * coef.view(-1, *([1] * (g.dim() - 1))))
         self.acts = {}
         return losses.detach().sum()
 

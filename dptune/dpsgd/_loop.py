@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +12,7 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from dptune.data._augment import augment_views
 from dptune.dpsgd._state import TrialRun
 
-__all__ = ["Schedule", "padded_size", "train_epoch"]
+__all__ = ["Schedule", "diverged", "padded_size", "train_epoch"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -41,8 +42,7 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
     opt = run.engine.optimizer
     st = run.state
     epoch_steps = min(sched.steps_per_epoch, sched.steps - st.steps)
-    poisson = UniformWithReplacementSampler(num_samples=len(y_train), sample_rate=sched.sampling_rate,
-                                            generator=run.streams.sampler, steps=epoch_steps)
+    poisson = _poisson(len(y_train), sched.sampling_rate, epoch_steps, run.streams.sampler)
     # BatchMemoryManager's splitter: logical Poisson batch -> physical chunks, the optimizer only
     # steps (and adds noise) after the last chunk. Ghost clipping cannot accumulate: no splitting.
     batches = poisson if sched.clipping_mode == "ghost" else BatchSplittingSampler(
@@ -53,11 +53,8 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
         if len(idx) == 0:
             run.engine.empty()
         else:
-            loss = _backward(run, x_train, y_train, idx, sched.views, device)
-            loss_sum += float(loss)
+            loss_sum += float(_backward(run, x_train, y_train, idx, sched.views, device))  # curator-side log
             seen += len(idx)
-            if not torch.isfinite(loss):
-                st.diverged = True
         opt.step()
         opt.zero_grad(set_to_none=True)
         if opt._is_last_step_skipped:
@@ -67,13 +64,36 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
             assert sched.ema_decay is not None
             for k, p in named:
                 run.ema[k].lerp_(p.detach(), 1.0 - sched.ema_decay)
-        if st.diverged:
-            break
-    if not all(bool(torch.isfinite(p).all()) for _, p in named):
+    if diverged(run, x_train.shape[1:], device):
         st.diverged = True
     st.epochs_done += 1
     st.examples += seen
     return loss_sum / max(seen, 1)
+
+
+@torch.no_grad()
+def diverged(run: TrialRun, input_shape: tuple[int, ...], device: torch.device) -> bool:
+    """Divergence is decided from the parameters after a noised step only (post-processing of DP outputs),
+    never from per-example losses, which are private and outside the analysis; until it is declared, T runs
+    as charged. Diverged: a non-finite parameter, or non-finite outputs on a fixed probe batch that does not
+    depend on any data (an exploded model whose examples all contribute zero keeps finite parameters).
+    Checked once per epoch: an exploded model stays exploded."""
+    if not all(bool(torch.isfinite(p).all()) for _, p in run.named_params):
+        return True
+    probe = torch.randn((8, *input_shape), generator=torch.Generator().manual_seed(0)).to(device)
+    was_training = run.model.training
+    run.model.eval()
+    out = run.model(probe)
+    run.model.train(was_training)
+    return not bool(torch.isfinite(out).all())
+
+
+def _poisson(n: int, q: float, steps: int, generator: torch.Generator) -> Iterable[list[int]]:
+    """``steps`` Poisson batches at rate q = B/basis, for any realised n (n < B, even n = 0: all batches
+    empty, every step noise only): nothing here may depend on a private size being large enough."""
+    if n == 0:
+        return [[] for _ in range(steps)]
+    return UniformWithReplacementSampler(num_samples=n, sample_rate=q, generator=generator, steps=steps)
 
 
 def _backward(run: TrialRun, x_train: torch.Tensor, y_train: torch.Tensor, idx: list[int], views: int,

@@ -1,10 +1,15 @@
-"""The Opacus 1.6 optimizers as dptune runs them: every noise addition measured.
+"""The Opacus 1.6 optimizers as dptune runs them: noise measured, non-finite examples contributing zero.
 
 Measurement: Opacus' ``add_noise`` sets ``p.grad = p.summed_grad + N(0, (σ·C)²)`` for every parameter, and
 only then ``scale_grad`` divides by the expected batch size. Right after ``add_noise``, ``p.grad −
 p.summed_grad`` is therefore exactly the noise of this step on the *summed* clipped gradient, std σ·C per
 coordinate — measured from the tensors, not copied from the config. Costs one subtraction and one
 squared-norm per parameter per logical step, accumulated on the device (no synchronisation).
+
+Non-finite examples: an example whose per-example gradient norm is not finite (an overflow, a NaN) would
+make Opacus' clip factor NaN and with it the whole summed gradient, so one example would decide whether a
+noised step is NaN. Here it contributes exactly zero instead: a per-example rule, so every contribution
+keeps norm <= C (the sensitivity the accountant assumes).
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 import torch
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
-__all__ = ["ClippingDPOptimizer", "NoiseMeter", "SummedDPOptimizer"]
+__all__ = ["ClippingDPOptimizer", "GhostClippingModule", "NoiseMeter", "SummedDPOptimizer", "clip_factors",
+           "zero_rows"]
 
 
 class NoiseMeter:
@@ -50,10 +58,44 @@ class NoiseMeter:
         self.sum_sq = None if state["sum_sq"] is None else state["sum_sq"].to(device)
 
 
+def clip_factors(norms: torch.Tensor, max_grad_norm: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Opacus' per-example clip factors min(1, C/(‖g‖+1e-6)), zero where ‖g‖ is not finite; and the rows
+    to zero out (None when every norm is finite: the common case, no extra work)."""
+    finite = torch.isfinite(norms)
+    factors = torch.where(finite, (max_grad_norm / (norms + 1e-6)).clamp(max=1.0), 0.0)
+    return factors, None if bool(finite.all()) else ~finite
+
+
+def zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t`` with the given leading-dimension rows set to 0 (not multiplied: 0 · inf is NaN)."""
+    return torch.where(rows.view(-1, *([1] * (t.dim() - 1))), 0.0, t)
+
+
 class ClippingDPOptimizer(DPOptimizer):
-    """DPOptimizer for per-sample gradients (hooks, functorch): noise measured."""
+    """DPOptimizer for per-sample gradients (hooks, functorch): non-finite examples dropped, noise measured."""
 
     meter: NoiseMeter | None = None
+
+    def clip_and_accumulate(self) -> None:
+        # Opacus 1.6 DPOptimizer.clip_and_accumulate, with clip_factors in place of its factor formula.
+        grad_samples = self.grad_samples
+        if len(grad_samples[0]) == 0:  # an empty Poisson batch
+            factors, drop = torch.zeros((0,), device=grad_samples[0].device), None
+        else:
+            dev = grad_samples[0].device
+            norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=-1).to(dev) for g in grad_samples], 1).norm(2, 1)
+            factors, drop = clip_factors(norms, self.max_grad_norm)
+        for p in self.params:
+            _check_processed_flag(p.grad_sample)
+            gs = self._get_flat_grad_sample(p).to(p.dtype)
+            if drop is not None:
+                gs = zero_rows(gs, drop.to(gs.device))
+            grad = torch.einsum("i,i...", factors.to(gs.device).to(p.dtype), gs)
+            if p.summed_grad is not None:
+                p.summed_grad += grad
+            else:
+                p.summed_grad = grad
+            _mark_as_processed(p.grad_sample)
 
     def add_noise(self) -> None:
         super().add_noise()
@@ -70,3 +112,11 @@ class SummedDPOptimizer(DPOptimizerFastGradientClipping):
         super().add_noise()
         if self.meter is not None:
             self.meter.record(self.params)
+
+
+class GhostClippingModule(GradSampleModuleFastGradientClipping):
+    """Opacus ghost clipping with clip_factors: an example with a non-finite norm gets weight 0 in the
+    second backward (exact when its gradient is finite; a NaN gradient stays NaN inside Opacus)."""
+
+    def get_clipping_coef(self) -> torch.Tensor:
+        return clip_factors(self.get_norm_sample(), self.max_grad_norm)[0]
