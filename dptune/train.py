@@ -24,7 +24,7 @@ import yaml
 
 from dptune._cli import run_cli
 from dptune._params import sampling_rate, trial_steps
-from dptune.accounting import calibrate_noise_multiplier, trial_event
+from dptune.accounting import TrialPoint, calibrate_noise_multiplier
 from dptune.certificate import Certificate, compose_epsilon, load_certificate
 from dptune.config import ConfigError, DatasetSpec, TrialConfig, _coerce
 from dptune.ledger import Ledger
@@ -184,7 +184,7 @@ def _train(args: argparse.Namespace, release: Release, data: Any, ledger: Ledger
         merged = (torch.cat([data.train[0], data.val[0]]), torch.cat([data.train[1], data.val[1]]))
         data = dataclasses.replace(data, train=merged)  # val stays for run_trial's internal, unreleased score
     n = int(len(data.train[1]))
-    seed = args.seed if args.seed is not None else secrets.randbits(62)  # drives the DP noise: secret
+    seed = args.seed if args.seed is not None else secrets.randbits(128)  # drives the DP noise: secret, wide
     # no score is released by final training: score_noise None, and the event has no score part
     config = release.config.replace(seed=seed, score_noise=None)
     if args.epochs is not None:
@@ -195,7 +195,8 @@ def _train(args: argparse.Namespace, release: Release, data: Any, ledger: Ledger
     if args.target_epsilon is not None:
         sigma = calibrate_noise_multiplier(prior, q, steps, cert.delta, args.target_epsilon)
         config = config.replace(noise_multiplier=sigma)
-    event = trial_event(config.noise_multiplier, q, steps, None)
+    point = TrialPoint(config.noise_multiplier, q, steps, None)  # charged, and the trainer checks it
+    event = point.event()
     train_eps = compose_epsilon([event], cert.delta)
     summary = {"noise_multiplier": config.noise_multiplier, "sampling_rate": q, "steps": steps,
                "epochs": config.epochs, "batch_size": config.batch_size, "n_train": n,
@@ -219,15 +220,17 @@ def _train(args: argparse.Namespace, release: Release, data: Any, ledger: Ledger
     from dptune import dpsgd
 
     try:
-        result = dpsgd.run_trial(config, data, device=_device(args.device), evaluate_test=True, return_model=True)
+        result = dpsgd.run_trial(config, data, device=_device(args.device), evaluate_test=True, return_model=True,
+                                 charged_points=[point])
     except BaseException:
         print(f"error: final training failed; ledger charge #{charge_id} stays reserved and counts "
               "(the training may have touched the data)", file=sys.stderr)
         raise
     ledger.commit(charge_id)
     assert result.model_state is not None and result.test_accuracy is not None
-    if result.steps != steps:  # the accountant must have charged exactly what ran
-        raise AssertionError(f"ran {result.steps} steps, charged {steps}")  # pragma: no cover
+    if result.steps != steps or result.measured.noise_additions != steps:  # the charge is what ran
+        raise AssertionError(f"ran {result.steps} steps ({result.measured.noise_additions} noise additions), "
+                             f"charged {steps}")  # pragma: no cover
 
     _save_model(out / "model.pt", result.model_state, config, release.dataset)
     metrics = {"test_accuracy": result.test_accuracy, "test_accuracy_kind": TEST_NOTE, "steps": result.steps,
@@ -256,9 +259,7 @@ def _export_checkpoint(release: Release, data: Any, out: Path, device: str | Non
 
     from dptune import dpsgd
 
-    ckpt = torch.load(release.path / "best_checkpoint.pt", map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or "model_state" not in ckpt or "config" not in ckpt:
-        raise ConfigError("best_checkpoint.pt", "is not a dptune checkpoint", "use the file the search released")
+    ckpt = dpsgd.load_model(release.path / "best_checkpoint.pt")
     trained = {k: v for k, v in dict(ckpt["config"]).items() if k != "seed"}
     expected = release.config.to_public_dict()
     if trained != expected:
@@ -302,10 +303,9 @@ def _device(name: str | None) -> str:
 
 
 def _save_model(path: Path, state: dict[str, Any], config: TrialConfig, dataset: DatasetSpec) -> None:
-    import torch
+    from dptune import dpsgd
 
-    torch.save({"model_state": state, "config": config.to_public_dict(), "dataset": dataclasses.asdict(dataset)},
-               path)
+    dpsgd.save_model(path, state, config.to_public_dict(), dataset=dataclasses.asdict(dataset))
 
 
 def _write_private(path: Path, payload: dict[str, Any]) -> None:

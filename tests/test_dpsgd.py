@@ -16,7 +16,16 @@ from dptune._params import sampling_rate, trial_steps
 from dptune.config import ConfigError, DatasetSpec, TrialConfig
 from dptune.data import Splits, load_dataset, poisson_subsample
 from dptune.data._augment import augment_views
-from dptune.dpsgd import _engines, _trial, init_model, make_engine, resolve_clipping, run_trial
+from dptune.dpsgd import (
+    _engines,
+    _trial,
+    init_model,
+    load_model,
+    make_engine,
+    resolve_clipping,
+    run_trial,
+    save_model,
+)
 
 MODES = ["hooks", "functorch", "ghost", "bookkeeping"]
 BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1.0, learning_rate=0.5,
@@ -231,3 +240,28 @@ def test_bookkeeping_matches_functorch(digits: Splits, views: int) -> None:
     for i in range(3):  # each example alone contributes at most the clip norm
         bk.backward(x[i * k:(i + 1) * k], y[i:i + 1], views)
         assert float(torch.cat([q.grad.flatten() for q in bk.params]).norm()) <= 0.5 * (1 + 1e-5)
+
+
+def test_model_file_schema(small: Splits, tmp_path: Path) -> None:
+    """One model-file schema for the search's best checkpoint and final training: state_dict + public
+    config (+ extras), plain data readable with weights_only=True, never the seed."""
+    config = BASE.replace(epochs=0.2, seed=2**100 + 1)
+    result = run_trial(config, small, return_model=True)
+    assert result.model_state is not None
+    path = tmp_path / "model.pt"
+    save_model(path, result.model_state, config.to_public_dict(), dataset={"name": "digits"})
+    raw = torch.load(path, weights_only=True)
+    assert sorted(raw) == ["config", "dataset", "model_state"] and "seed" not in raw["config"]
+    loaded = load_model(path)
+    model = init_model(TrialConfig.from_dict(loaded["config"]), small)
+    model.load_state_dict(loaded["model_state"])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, result.model_state[k]), k
+    with pytest.raises(ValueError, match="seed"):
+        save_model(path, result.model_state, config.to_dict())
+    with pytest.raises(ValueError, match="overwrite"):
+        save_model(path, result.model_state, config.to_public_dict(), config={})
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    with pytest.raises(ConfigError) as e:
+        load_model(tmp_path / "other.pt")
+    assert e.value.field == "other.pt"

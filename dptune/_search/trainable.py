@@ -24,7 +24,8 @@ __all__ = ["dptune_trial"]
 
 def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
                  threads: int = 1, save_model: bool = False, checkpoint_every: int = 0,
-                 adaptive_seed_base: int = 0, sampling_basis: float | None = None) -> None:
+                 adaptive_seed_base: int = 0, sampling_basis: float | None = None,
+                 charged_points: list[Any] | None = None) -> None:
     started = time.time()
     import torch
 
@@ -64,15 +65,18 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     try:
         cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
         result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
-                                 return_model=save_model, sampling_basis=sampling_basis)
+                                 return_model=save_model, sampling_basis=sampling_basis,
+                                 charged_points=charged_points)
         metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
                    "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
                    "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
-                   "seconds": float(result.seconds), "clipping_mode": result.clipping_mode}
+                   "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
+                   "noise_additions": int(result.measured.noise_additions),
+                   "noise_std": result.measured.noise_std, "mean_batch_size": float(result.measured.mean_batch_size)}
         if save_model and result.model_state is not None:
             out = work / "final"
             out.mkdir()
-            torch.save({"model_state": result.model_state, "config": cfg.to_public_dict()}, out / "model.pt")
+            dpsgd.save_model(out / "model.pt", result.model_state, cfg.to_public_dict())
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
             return
     except Exception as e:  # a crashed trial counts, with score −∞ (rule 5), and is not retried

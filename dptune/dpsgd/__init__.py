@@ -4,7 +4,7 @@ The privacy-relevant numbers (q, σ, T) come from :mod:`dptune._params`, the one
 too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical steps, counted here.
 
 Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),
-``_streams`` (random streams), ``_state`` (trial state and checkpoint),
+``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged).
 """
@@ -13,6 +13,7 @@ from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._release import ScoreRelease
+from dptune.dpsgd._state import load_model, save_model
 from dptune.dpsgd._streams import TrialStreams
 from dptune.dpsgd._trial import Measured, TrialResult, init_model, run_trial
 
@@ -26,8 +27,10 @@ __all__ = [
     "TrialStreams",
     "engine_mode",
     "init_model",
+    "load_model",
     "make_engine",
     "padded_size",
     "resolve_clipping",
     "run_trial",
+    "save_model",
 ]

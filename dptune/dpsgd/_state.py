@@ -1,9 +1,10 @@
-"""What a trial mutates, and its checkpoint: the one place the checkpoint schema is written and read."""
+"""What a trial mutates, its checkpoint, and the model file: the one place each schema is written and read."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from dptune.dpsgd._engines import Engine
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._streams import TrialStreams
 
-__all__ = ["TrialRun", "TrialState", "restore_checkpoint", "save_checkpoint", "trial_identity"]
+__all__ = ["TrialRun", "TrialState", "load_model", "restore_checkpoint", "save_checkpoint", "save_model", "trial_identity"]
 
 
 @dataclass
@@ -56,9 +57,13 @@ def save_checkpoint(path: Path, run: TrialRun, identity: dict[str, Any]) -> None
     payload = {"identity": identity, "model": run.model.state_dict(),
                "optimizer": run.engine.optimizer.original_optimizer.state_dict(), "ema": run.ema,
                "state": dataclasses.asdict(st), "meter": run.meter.state(), "rng": run.streams.state()}
+    _save_atomic(payload, path)
+
+
+def _save_atomic(payload: dict[str, Any], path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(payload, tmp)
-    os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
+    os.replace(tmp, path)  # atomic: a crash leaves the previous file intact
 
 
 def restore_checkpoint(path: Path, run: TrialRun, identity: dict[str, Any], device: torch.device) -> None:
@@ -73,3 +78,30 @@ def restore_checkpoint(path: Path, run: TrialRun, identity: dict[str, Any], devi
     run.state = TrialState(**ck["state"])
     run.meter.load_state(ck["meter"], device)
     run.streams.load_state(ck["rng"])
+
+
+_MODEL_KEYS = ("model_state", "config")
+
+
+def save_model(path: str | Path, state: Mapping[str, torch.Tensor], config_public_dict: Mapping[str, Any],
+               **extra: Any) -> None:
+    """The model file: ``{"model_state": state_dict of the unwrapped module, "config": the public trial
+    config, **extra}``, plain tensors and builtins only, so ``torch.load(path, weights_only=True)`` reads it.
+    The config must be the public one: a trial's seed reproduces its DP noise and never goes next to a model."""
+    if "seed" in config_public_dict:
+        raise ValueError("a model file never carries the trial's seed: pass config.to_public_dict()")
+    clash = sorted(set(extra) & set(_MODEL_KEYS))
+    if clash:
+        raise ValueError(f"extra keys {clash} would overwrite the model file's own")
+    payload = {"model_state": {k: v.detach().cpu() for k, v in state.items()}, "config": dict(config_public_dict),
+               **extra}
+    _save_atomic(payload, Path(path))
+
+
+def load_model(path: str | Path) -> dict[str, Any]:
+    """A model file written by :func:`save_model` (weights_only: data, never code)."""
+    obj = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(k), dict) for k in _MODEL_KEYS):
+        raise ConfigError(Path(path).name, "is not a dptune model file (model_state + config)",
+                          "use the file dptune wrote, unmodified")
+    return obj
