@@ -169,6 +169,8 @@ def test_checkpoint_resume_equals_uninterrupted(small: Splits, tmp_path: Path) -
     for k, v in full.model_state.items():
         assert torch.equal(v, resumed.model_state[k]), k
     assert resumed.score == full.score and resumed.val_accuracy_raw == full.val_accuracy_raw
+    assert resumed.measured == full.measured  # the noise meter and batch counts resume too
+    assert full.measured.noise_additions == full.steps and full.measured.score_noise == 2.0
     with pytest.raises(ConfigError) as e:
         run_trial(config.replace(seed=config.seed + 2**100), small, checkpoint_path=ck)  # another trial
     assert e.value.field == "checkpoint_path"
