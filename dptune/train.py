@@ -228,8 +228,8 @@ def _train(args: argparse.Namespace, release: Release, data: Any, ledger: Ledger
         raise
     ledger.commit(charge_id)
     assert result.model_state is not None and result.test_accuracy is not None
-    if result.steps != steps or result.measured.noise_additions != steps:  # the charge is what ran
-        raise AssertionError(f"ran {result.steps} steps ({result.measured.noise_additions} noise additions), "
+    if result.steps != steps or result.noise_additions != steps:  # the charge is what ran
+        raise AssertionError(f"ran {result.steps} steps ({result.noise_additions} noise additions), "
                              f"charged {steps}")  # pragma: no cover
 
     _save_model(out / "model.pt", result.model_state, config, release.dataset)

@@ -106,17 +106,16 @@ def test_trial_runs_what_was_charged(digits: Splits, mode: str) -> None:
     q, steps = sampling_rate(batch_size=batch, basis=n), trial_steps(epochs=epochs, batch_size=batch, basis=n)
     point = TrialPoint(sigma, q, steps, 4.0)  # what the accountant charges for this trial
     result = run_trial(config, digits, charged_points=[point])
-    m = result.measured
     assert result.clipping_mode == mode
-    assert m.noise_additions == result.steps == point.steps
+    assert result.noise_additions == result.steps == point.steps
     n_params = sum(p.numel() for p in init_model(config, digits).parameters())
-    assert m.noised_coordinates == point.steps * n_params  # every coordinate noised at every step
-    assert m.noise_std is not None and m.noise_std == pytest.approx(point.noise_multiplier * clip, rel=0.02)
+    assert result.noised_coordinates == point.steps * n_params  # every coordinate noised at every step
+    assert result.noise_std is not None and result.noise_std == pytest.approx(point.noise_multiplier * clip, rel=0.02)
     half_width = 3.29 * math.sqrt(n * q * (1 - q) / steps)  # Σ batch sizes ~ Binomial(n·T, q)
-    assert abs(m.mean_batch_size - point.sampling_rate * n) <= half_width
-    assert m.score_noise == point.score_noise
+    assert abs(result.mean_batch_size - point.sampling_rate * n) <= half_width
+    assert result.applied_score_noise == point.score_noise
     public = run_trial(config.replace(score_noise=None, epochs=0.1), digits)
-    assert public.measured.score_noise is None and public.score == public.val_accuracy_raw
+    assert public.applied_score_noise is None and public.score == public.val_accuracy_raw
 
 
 def test_measured_noise_follows_the_optimizer_not_the_config(digits: Splits) -> None:
@@ -172,7 +171,7 @@ def test_trial_accepts_a_dominating_charge(digits: Splits) -> None:
     others = [TrialPoint(3.0, q, steps, 6.0), TrialPoint(2.0, q / 2, steps, 6.0)]  # neither covers it
     covering = TrialPoint(2.0, 2 * q, 3 * steps, 5.0)  # cheaper σ and score noise, more q and T
     result = run_trial(config, digits, charged_points=[*others, covering])
-    assert result.steps == result.measured.noise_additions == steps
+    assert result.steps == result.noise_additions == steps
     # the planner's own points for the digits space cover its default trial
     space = load_space(Path(__file__).resolve().parent.parent / "search_spaces" / "digits.yaml")
     points = reachable_points(space, n)
@@ -211,7 +210,7 @@ def test_huge_losses_do_not_decide_divergence(digits: Splits, mode: str, monkeyp
     assert bool(torch.isfinite(losses).all()) and not math.isfinite(float(losses.sum()))  # the premise
     assert not any(math.isfinite(v) for v in logged)  # curator-side log: the summed loss overflowed
     assert not result.diverged and math.isfinite(result.score)
-    assert result.steps == result.measured.noise_additions == trial_steps(epochs=2.0, batch_size=64, basis=len(y))
+    assert result.steps == result.noise_additions == trial_steps(epochs=2.0, batch_size=64, basis=len(y))
     assert result.model_state is not None and all(bool(torch.isfinite(v).all()) for v in result.model_state.values())
 
 
@@ -247,6 +246,6 @@ def test_small_subsample_runs_at_the_charged_rate(digits: Splits, size: int) -> 
     point = TrialPoint(1.0, sampling_rate(batch_size=120, basis=200.0), steps, 3.0)
     result = run_trial(config, tiny, sampling_basis=200.0, charged_points=[point])
     assert result.sampling_rate == point.sampling_rate == 0.6
-    assert result.steps == result.measured.noise_additions == steps and not result.diverged
+    assert result.steps == result.noise_additions == steps and not result.diverged
     assert math.isfinite(result.score)
-    assert result.measured.mean_batch_size == pytest.approx(0.6 * size, abs=3.29 * math.sqrt(size * 0.24 / steps) + 1e-9)
+    assert result.mean_batch_size == pytest.approx(0.6 * size, abs=3.29 * math.sqrt(size * 0.24 / steps) + 1e-9)

@@ -71,8 +71,8 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
                    "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
                    "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
                    "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
-                   "noise_additions": int(result.measured.noise_additions),
-                   "noise_std": result.measured.noise_std, "mean_batch_size": float(result.measured.mean_batch_size)}
+                   "noise_additions": int(result.noise_additions), "noise_std": result.noise_std,
+                   "mean_batch_size": float(result.mean_batch_size)}
         if save_model and result.model_state is not None:
             out = work / "final"
             out.mkdir()

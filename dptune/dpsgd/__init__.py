@@ -15,13 +15,12 @@ from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import load_model, save_model
 from dptune.dpsgd._streams import TrialStreams
-from dptune.dpsgd._trial import Measured, TrialResult, init_model, run_trial
+from dptune.dpsgd._trial import TrialResult, init_model, run_trial
 
 __all__ = [
     "AUTO_CLIPPING",
     "ChargeMismatch",
     "Engine",
-    "Measured",
     "ScoreRelease",
     "TrialResult",
     "TrialStreams",

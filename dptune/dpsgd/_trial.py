@@ -24,28 +24,18 @@ from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, t
 from dptune.dpsgd._streams import TrialStreams
 from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
 
-__all__ = ["Measured", "TrialResult", "init_model", "run_trial", "schedule"]
+__all__ = ["TrialResult", "init_model", "run_trial", "schedule"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass(frozen=True)
-class Measured:
-    """What a trial actually ran, measured from its tensors and batches (not copied from its config).
-
-    A trial runs as charged when noise_additions == steps == T, noise_std ≈ σ·C (the std per coordinate of
-    the summed clipped gradient, Opacus' convention), mean_batch_size ≈ q·|train| (binomial), and
-    score_noise is the charged score noise (None: the raw score was released, public validation)."""
-
-    noise_additions: int  # Gaussian noise additions the optimizer performed (one per logical step)
-    noised_coordinates: int  # coordinates that received noise, summed over all additions
-    noise_std: float | None  # empirical std of all noise added (None: no addition)
-    mean_batch_size: float  # realised mean logical (Poisson) batch size over the steps
-    score_noise: float | None  # std of the Gaussian the score release drew (None: none drawn)
-
-
 @dataclass(frozen=True, eq=False)
 class TrialResult:
+    """One trial's outcome. The fields from noise_additions to applied_score_noise are measured from the run
+    itself (tensors and batches), not copied from its config: it ran as charged when noise_additions ==
+    steps == T, noise_std ≈ σ·C (std per coordinate of the summed clipped gradient, Opacus' convention),
+    mean_batch_size ≈ q·|train| (binomial) and applied_score_noise is the charged score noise."""
+
     score: float  # released: noised validation accuracy (private) or plain accuracy (public validation)
     val_accuracy_raw: float  # curator-only, never released
     diverged: bool
@@ -55,7 +45,11 @@ class TrialResult:
     epochs_done: int
     seconds: float
     clipping_mode: str
-    measured: Measured
+    noise_additions: int  # Gaussian noise additions the optimizer performed (one per logical step)
+    noised_coordinates: int  # coordinates that received noise, summed over all additions
+    noise_std: float | None  # empirical std of all the noise added (None: no addition)
+    mean_batch_size: float  # realised mean logical (Poisson) batch size over the steps
+    applied_score_noise: float | None  # std of the Gaussian the score release drew (None: none drawn)
     test_accuracy: float | None = None
     model_state: dict[str, torch.Tensor] | None = None
 
@@ -145,9 +139,6 @@ def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, d
     n_val = len(data.val[1])
     correct = _correct(model, eval_params, data.val, dev)
     score, score_noise = ScoreRelease(config.score_noise).release(correct, n_val, run.streams.score, st.diverged)
-    measured = Measured(noise_additions=run.meter.additions, noised_coordinates=run.meter.coordinates,
-                        noise_std=run.meter.std(), mean_batch_size=st.examples / max(st.steps, 1),
-                        score_noise=score_noise)
     test_acc = None
     if evaluate_test:
         test_acc = _correct(model, eval_params, data.test, dev) / len(data.test[1])
@@ -159,7 +150,9 @@ def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, d
     return TrialResult(score=score, val_accuracy_raw=correct / n_val, diverged=st.diverged,
                        sampling_rate=sched.sampling_rate, noise_multiplier=config.noise_multiplier, steps=st.steps,
                        epochs_done=st.epochs_done, seconds=seconds, clipping_mode=engine_mode(run.engine),
-                       measured=measured, test_accuracy=test_acc, model_state=state)
+                       noise_additions=run.meter.additions, noised_coordinates=run.meter.coordinates,
+                       noise_std=run.meter.std(), mean_batch_size=st.examples / max(st.steps, 1),
+                       applied_score_noise=score_noise, test_accuracy=test_acc, model_state=state)
 
 
 @torch.no_grad()
