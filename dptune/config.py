@@ -292,7 +292,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     default = fixed
     for k, dist in space.items():
         v = getattr(default, k)
-        if not dist._contains(dist.to_internal_repr(v)):
+        if not _in_support(dist, v):
             raise ConfigError(f"default.{k}", f"{v!r} is outside the searched range",
                               "choose a default inside space." + k)
 
@@ -394,6 +394,15 @@ def _distribution(name: str, spec: Any) -> od.BaseDistribution:
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(name, str(e), "fix the distribution bounds (low <= high, low > 0 with log)") from e
+
+
+def _in_support(dist: od.BaseDistribution, value: Any) -> bool:
+    if isinstance(dist, od.CategoricalDistribution):
+        return any(value == c for c in dist.choices)
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False
 
 
 def support_extremes(dist: od.BaseDistribution) -> list[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -23,17 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import yaml
 from dp_accounting import dp_event as de
 
 from dptune import _plots
 from dptune._cli import run_cli
-from dptune._search.sealed import RunDir, write_private
 from dptune.accounting import ORDERS, StoppingRule, epsilon_from_rdp, rdp_of
 from dptune.certificate import Certificate, CertificateError, load_certificate
 from dptune.config import ConfigError
 from dptune.ledger import Ledger
+from dptune.rundir import RunDir, write_private
+from dptune.trials import read_trials
 
 __all__ = ["main"]
 
@@ -49,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog="CURATOR ONLY: the report holds private per-trial results.")
     p.add_argument("run", help="run directory written by python -m dptune.search, e.g. runs/digits-1")
     p.add_argument("--ledger", help="privacy ledger (default: the one recorded in sealed/state.json)")
-    p.add_argument("--out", help="HTML file to write (default: <run>/sealed/report.html, mode 0600)")
+    p.add_argument("--out", help="HTML file to write (default: <run>/sealed/report.html, mode 0600); outside "
+                   "sealed/ only with --out-is-private, never inside release/")
+    p.add_argument("--out-is-private", action="store_true",
+                   help="CURATOR ONLY: I know the --out file holds every trial's private results and will keep it so")
     return p
 
 
@@ -76,10 +80,8 @@ def _load(args: argparse.Namespace) -> RunData:
         raise ConfigError("run", f"{run.trials_file} does not exist: the search has not finished",
                           "wait for it, or finish it with python -m dptune.search --resume --name <name>")
     try:
-        trials = pq.read_table(run.trials_file).to_pylist()
-        for t in trials:
-            t["params"] = json.loads(t["params"]) if t.get("params") else {}
-    except (OSError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on a corrupt file
+        trials = [dataclasses.asdict(t) for t in read_trials(run.trials_file)]
+    except (OSError, ValueError, TypeError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on a corrupt file
         raise ConfigError("run", f"{run.trials_file} is not readable ({e})", "use the file the search wrote") from e
     try:
         cert = load_certificate(run.release / "certificate.json")
@@ -106,11 +108,21 @@ def _load(args: argparse.Namespace) -> RunData:
 
 
 def _out_path(args: argparse.Namespace, run: RunDir) -> Path:
+    """The report holds every trial and K: it stays in sealed/ unless the curator says, explicitly, that the
+    other place is private too; never in release/ (what people share; 0600 does not survive a tar)."""
     out = Path(args.out) if args.out else run.sealed / "report.html"
     if out.is_dir():
         raise ConfigError("--out", f"{str(out)!r} is a directory", "give a file name, e.g. report.html")
     if not out.parent.is_dir():
         raise ConfigError("--out", f"directory {str(out.parent)!r} does not exist", "create it or choose another path")
+    where = out.resolve()
+    if where.is_relative_to(run.release.resolve()):
+        raise ConfigError("--out", "is inside release/, which is meant to be shared",
+                          "write the report into sealed/ (the default)")
+    if not where.is_relative_to(run.sealed.resolve()) and not args.out_is_private:
+        raise ConfigError("--out", f"{out} is outside the run's sealed/ directory",
+                          "keep the default (sealed/report.html), or add --out-is-private if that place is "
+                          "readable by the curator only")
     return out
 
 
@@ -206,13 +218,13 @@ def render(data: RunData) -> str:
     released = data.release.get("config", {})
     name = cert.details.get("run", data.run.root.name)
     series, budgets, charge_rows = ledger_series(data.ledger)
-    this_ds = cert.dataset_fingerprint[:12]
+    this_ds = str(data.state.get("budget_fingerprint", ""))[:12]
     series = {(f"{k} (this run)" if k == this_ds else k): v for k, v in series.items()}
     budgets = {(f"{k} (this run)" if k == this_ds else k): v for k, v in budgets.items()}
 
     summary = _kv([
         ("run", name), ("status", data.state.get("status")), ("space", cert.details.get("space")),
-        ("dataset fingerprint", cert.dataset_fingerprint),
+        ("dataset id (public)", cert.dataset_id),
         ("ε (certificate)", cert.epsilon), ("δ", cert.delta), ("stopping rule", rule.label()),
         ("stopping (certificate)", cert.stopping), ("accounting", cert.details.get("accounting")),
         ("one worst-case trial ε", cert.details.get("trial_epsilon")),

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from dptune import _plots
-from dptune._search.sealed import RunDir, write_trials
+from dptune.rundir import RunDir, write_trials
 from dptune.accounting import epsilon
 from dptune.certificate import load_certificate
 from dptune.ledger import Ledger

@@ -24,7 +24,8 @@ __all__ = ["dptune_trial"]
 
 def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
                  threads: int = 1, save_model: bool = False, checkpoint_every: int = 0,
-                 adaptive_seed_base: int = 0, sampling_basis: float | None = None) -> None:
+                 adaptive_seed_base: int = 0, sampling_basis: float | None = None,
+                 charged_points: list[Any] | None = None) -> None:
     started = time.time()
     import torch
 
@@ -59,16 +60,19 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
             tune.report({"final": False, "epoch": epoch, "trial_index": index},
                         checkpoint=tune.Checkpoint.from_directory(str(work)))
 
-    base: dict[str, Any] = {"final": True, "started": started, "trial_index": index, "params": params, "seed": slot["seed"],
+    base: dict[str, Any] = {"final": True, "started": started, "trial_index": index, "params": params,
+                            "seed": str(slot["seed"]),
                             "node_id": _node_id(), "attempts": attempts}
     try:
         cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
         result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
-                                 return_model=save_model, sampling_basis=sampling_basis)
+                                 return_model=save_model, sampling_basis=sampling_basis,
+                                 charged_points=charged_points or None)
         metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
                    "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
                    "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
-                   "seconds": float(result.seconds), "clipping_mode": result.clipping_mode}
+                   "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
+                   "measured": _measured(result)}
         if save_model and result.model_state is not None:
             out = work / "final"
             out.mkdir()
@@ -84,6 +88,16 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     shutil.rmtree(work, ignore_errors=True)
 
 
+def _measured(result: Any) -> dict[str, Any]:
+    """What the trainer measured of the run it did (noise additions and std, realised batch rate, steps)."""
+    out = {}
+    for name in ("noise_additions", "noise_std", "mean_batch_size", "applied_score_noise", "steps"):
+        v = getattr(result, name, None)
+        if v is not None:
+            out[name] = v if isinstance(v, int) else float(v)
+    return out
+
+
 def _node_id() -> str:
     try:
         import ray
@@ -95,5 +109,6 @@ def _node_id() -> str:
 
 def _adaptive_seed(base: int) -> int:
     trial_id = tune.get_context().get_trial_id() or ""
+    # keyed by the draw's 128-bit secret stream: as unpredictable as an OS draw, and replayed on resume
     digest = hashlib.sha256(f"{base}:{trial_id}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+    return int.from_bytes(digest[:16], "big")
