@@ -130,3 +130,33 @@ def test_ledger_cli(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--epsilon" in r.stderr
     r = subprocess.run(run + ["show", "--ledger", str(tmp_path / "missing.sqlite")], capture_output=True, text=True)
     assert r.returncode == 2 and "--ledger" in r.stderr
+
+
+def test_ledger_files_are_owner_only_and_ids_are_random(tmp_path: Path) -> None:
+    """Issue items 4 and 23: the ledger and its key are 0600; the public dataset id is random (not a hash of
+    the data), and two budgets on the same data in two ledgers get different ids."""
+    import stat
+
+    ids = []
+    for name in ("a", "b"):
+        led = Ledger(tmp_path / name / "l.sqlite")
+        led.set_budget(FP, 50.0, DELTA)
+        led.reserve(FP, "x", search_event())
+        for f in (led.path, led.key_path, *led.path.parent.glob("l.sqlite-*")):
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+        ids.append(led.dataset_id(FP))
+    assert ids[0] != ids[1] and FP not in ids and all(len(i) == 32 for i in ids)
+
+
+def test_near_copy_of_a_budgeted_dataset_is_the_same_budget(tmp_path: Path) -> None:
+    """Issue item 11: dropping a few examples changes the fingerprint but not the budget."""
+    import hashlib
+
+    digests = sorted(hashlib.sha256(str(i).encode()).digest() for i in range(1000))
+    led = Ledger(tmp_path / "l.sqlite")
+    led.set_budget(FP, 5.0, DELTA, digests=digests)
+    assert led.same_dataset(FP, digests) == (FP, 1.0)
+    near = digests[:950] + [hashlib.sha256(b"new").digest()]  # 95 % shared
+    assert led.same_dataset("e" * 64, near) == (FP, pytest.approx(950 / 951))
+    far = digests[:500] + [hashlib.sha256(str(-i).encode()).digest() for i in range(1, 600)]
+    assert led.same_dataset("d" * 64, far) is None  # 500/1000 shared: another dataset
