@@ -33,6 +33,7 @@ class TrialRow:
     noise_multiplier: float | None = None
     measured: dict[str, Any] = field(default_factory=dict)  # what the trainer measured (noise, batches)
     seconds: float | None = None
+    started: float | None = None  # wall-clock start (sealed: timings hint at K)
     node: str = ""
     attempts: int = 1
     checkpoint: str | None = None  # a Tune checkpoint dir (not stored in parquet)
@@ -52,7 +53,7 @@ class TrialRow:
                    diverged=bool(m.get("diverged", False)), crashed=bool(m.get("crashed", False)),
                    error=str(m.get("error", "")), steps=m.get("steps"), sampling_rate=m.get("sampling_rate"),
                    noise_multiplier=m.get("noise_multiplier"), measured=dict(m.get("measured") or {}),
-                   seconds=m.get("seconds"), node=str(m.get("node_id", "")),
+                   seconds=m.get("seconds"), started=m.get("started"), node=str(m.get("node_id", "")),
                    attempts=max(int(m.get("attempts", 1)), attempts), checkpoint=checkpoint)
 
     @classmethod
@@ -65,7 +66,8 @@ _SCHEMA = pa.schema([
     ("index", pa.int64()), ("params", pa.string()), ("seed", pa.string()), ("score", pa.float64()),
     ("val_accuracy_raw", pa.float64()), ("diverged", pa.bool_()), ("crashed", pa.bool_()), ("error", pa.string()),
     ("steps", pa.int64()), ("sampling_rate", pa.float64()), ("noise_multiplier", pa.float64()),
-    ("measured", pa.string()), ("seconds", pa.float64()), ("node", pa.string()), ("attempts", pa.int64()),
+    ("measured", pa.string()), ("seconds", pa.float64()), ("started", pa.float64()), ("node", pa.string()),
+    ("attempts", pa.int64()),
 ])
 _JSON = ("params", "measured")
 

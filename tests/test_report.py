@@ -19,11 +19,11 @@ import pytest
 from PIL import Image
 
 from dptune import _plots
-from dptune.rundir import RunDir, write_trials
 from dptune.accounting import epsilon
 from dptune.certificate import load_certificate
 from dptune.ledger import Ledger
 from dptune.report import ledger_series, main, search_trial_event
+from dptune.rundir import RunDir, write_trials
 from tests.conftest import free_port, run_cli
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -19,7 +19,7 @@ from typing import Any
 import optuna.distributions as od
 
 from dptune._search.draw import Draw, make_draw
-from dptune._search.options import RayOptions
+from dptune._search.options import RayOptions, check_token_file
 from dptune.accounting import Plan, plan_search
 from dptune.config import SearchSpace
 from dptune.errors import ConfigError, check_delta
@@ -196,6 +196,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     from dptune._search.runner import SearchInterrupted
 
     os.umask(0o077)  # every file this search (and the Ray it starts) writes is owner-only
+    check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
     p = _prepare(req)
     ledger = Ledger(req.ledger)
     run = RunDir(req.run_dir)

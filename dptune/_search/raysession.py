@@ -6,46 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import stat
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import ray
 
-from dptune._search.options import RayOptions
-from dptune.errors import ConfigError
+from dptune._search.options import RayOptions, check_token_file
 
-__all__ = ["RayOptions", "RaySession", "check_token_file"]
-
-
-def _token_path() -> Path:
-    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-
-
-def check_token_file(create: bool) -> Path | None:
-    """The Ray auth token must be readable by the curator only: the dashboard's job API runs code as the
-    curator for whoever holds it. A missing token is created 0600 in a 0700 directory (``create``); an
-    existing one with looser modes is refused. Returns the token file (None: the token is in the env)."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return None
-    path = _token_path()
-    if not path.exists():
-        if not create:
-            return None
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for p, mode, what in ((path.parent, 0o700, "directory"), (path, 0o600, "file")):
-        if p.exists() and stat.S_IMODE(p.stat().st_mode) & 0o077:
-            raise ConfigError("ray auth token", f"the token {what} {p} is readable by other users (mode "
-                              f"{stat.S_IMODE(p.stat().st_mode):o}): any local user could drive the dashboard's "
-                              "job API as you", f"run: chmod {mode:o} {p}")
-    if not path.exists():
-        import secrets
-
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))  # the format of `ray get-auth-token --generate`
-    return path
+__all__ = ["RaySession"]
 
 
 class RaySession:
