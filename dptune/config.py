@@ -101,11 +101,11 @@ class TrialConfig:
         values = {}
         for f in dataclasses.fields(cls):
             if f.name in data:
-                values[f.name] = _coerce(f"{where}.{f.name}", data[f.name], f.type)
+                values[f.name] = coerce_value(f"{where}.{f.name}", data[f.name], f.type)
         return cls(**values)
 
 
-def _coerce(name: str, value: Any, type_: Any) -> Any:
+def coerce_value(name: str, value: Any, type_: Any) -> Any:
     t = str(type_)
     if value is None:
         if "None" in t:
@@ -244,7 +244,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     name = raw.get("name") or (Path(source).stem if source else "space")
 
     ds = _section(raw, "dataset", tuple(f.name for f in dataclasses.fields(DatasetSpec)))
-    dataset = DatasetSpec(**{k: _coerce(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
+    dataset = DatasetSpec(**{k: coerce_value(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
                              for k, v in ds.items()})
     if dataset.name not in DATASETS:
         raise ConfigError("dataset.name", f"unknown dataset {dataset.name!r}", f"use one of: {', '.join(DATASETS)}")
@@ -255,7 +255,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
             raise ConfigError(f"dataset.{k}", "must be >= 1", "choose a positive number of examples")
 
     privacy_raw = _section(raw, "privacy", tuple(f.name for f in dataclasses.fields(PrivacySpec)))
-    privacy = PrivacySpec(**{k: _coerce(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
+    privacy = PrivacySpec(**{k: coerce_value(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
                              for k, v in privacy_raw.items()})
     check_privacy(privacy, public_validation=dataset.public_validation)
     score_noise = None if dataset.public_validation else privacy.score_noise
@@ -306,7 +306,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
         raise ConfigError("search.searcher", f"unknown searcher {searcher!r}", f"use one of: {', '.join(SEARCHERS)}")
     if scheduler not in SCHEDULERS:
         raise ConfigError("search.scheduler", f"unknown scheduler {scheduler!r}", f"use one of: {', '.join(SCHEDULERS)}")
-    tune_fraction = _coerce("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
+    tune_fraction = coerce_value("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
     if not 0 < tune_fraction <= 1:
         raise ConfigError("search.tune_fraction", f"{tune_fraction} is not in (0, 1]", "choose e.g. 0.25, or 1 for off")
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=default,

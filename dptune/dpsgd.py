@@ -27,8 +27,7 @@ from torch.nn.grad import conv2d_weight
 
 from dptune._params import sampling_rate, trial_steps
 from dptune.config import ConfigError, TrialConfig
-from dptune.data import Splits
-from dptune.data._augment import augment_views
+from dptune.data import Splits, augment_views
 from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
 
 __all__ = ["TrialResult", "resolve_clipping", "run_trial"]

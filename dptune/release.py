@@ -27,7 +27,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting import Plan, transfer_config
 from dptune.certificate import Certificate, load_certificate
-from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig, _coerce
+from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig, coerce_value
 from dptune.errors import ConfigError
 from dptune.trials import TrialRow
 
@@ -182,4 +182,4 @@ def _dataset_spec(raw: dict[str, Any]) -> DatasetSpec:
     missing = sorted(set(fields) - set(raw))
     if missing:
         raise ConfigError(f"best_config.dataset.{missing[0]}", "is missing", "use the file the search released")
-    return DatasetSpec(**{k: _coerce(f"best_config.dataset.{k}", v, fields[k].type) for k, v in raw.items()})
+    return DatasetSpec(**{k: coerce_value(f"best_config.dataset.{k}", v, fields[k].type) for k, v in raw.items()})

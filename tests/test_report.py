@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -23,7 +24,8 @@ from dptune.accounting import epsilon
 from dptune.certificate import load_certificate
 from dptune.ledger import Ledger
 from dptune.report import ledger_series, main, search_trial_event
-from dptune.rundir import RunDir, write_trials
+from dptune.rundir import RunDir
+from dptune.trials import read_trials, write_trials
 from tests.conftest import free_port, run_cli
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -145,19 +147,20 @@ def test_failed_trials_and_explicit_paths(search_run: tuple[Path, Path, dict[str
     run, ledger, _ = search_run
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    rows = pq.read_table(copy / "sealed" / "trials.parquet").to_pylist()
-    for r in rows:
-        r["params"] = json.loads(r["params"])
-    rows.append({**rows[0], "index": len(rows), "score": -math.inf, "crashed": True, "error": "RuntimeError: boom"})
+    rows = read_trials(RunDir(copy).trials_file)
+    rows.append(dataclasses.replace(rows[0], index=len(rows), score=-math.inf, crashed=True,
+                                    error="RuntimeError: boom"))
     write_trials(RunDir(copy).trials_file, rows)
     out = tmp_path / "r.html"
-    assert main([str(copy), "--ledger", str(ledger), "--out", str(out)]) == 0
+    # outside sealed/ only when the curator says that place is private (issue item 20)
+    assert main([str(copy), "--ledger", str(ledger), "--out", str(out)]) == 2
+    assert main([str(copy), "--ledger", str(ledger), "--out", str(out), "--out-is-private"]) == 0
     text = out.read_text()
     assert "−∞" in text and "RuntimeError: boom" in text
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     assert capsys.readouterr().err.startswith("WARNING")
     # a crashed trial sits below the real scores, in its own marker
-    png = _plots.score_figure(rows, ["batch_size", "learning_rate"])
+    png = _plots.score_figure([dataclasses.asdict(r) for r in rows], ["batch_size", "learning_rate"])
     _check_png(png)
     _check_png(_plots.score_figure([], []))
 
