@@ -228,3 +228,7 @@ def test_subsample_tuning(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     inner = A.plan_search(space, 0.5 * 1257).search_event  # type: ignore[arg-type]
     assert cert["epsilon"] == pytest.approx(A.epsilon(A.subsampled_search_event(inner, 0.5), 1e-5), rel=1e-9)
     assert cert["details"]["tune_fraction"] == 0.5
+    # the curator report reads a subsample run's certificate (issue 11 item 2: it used to fail on every one)
+    rep = run_cli(["-m", "dptune.report", str(run)], isolated_env)
+    assert rep.returncode == 0, rep.stderr
+    assert "poisson" in (run / "sealed" / "report.html").read_text()
