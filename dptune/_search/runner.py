@@ -186,6 +186,9 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
                            f"{run.sealed / 'logs' / 'driver.log'} (curator only)") from None
     rows, unfinished = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive)
     rows.sort(key=lambda r: r.index)
+    if any(r.error.startswith("ChargeMismatch") for r in rows):  # refused before touching data: a dptune bug
+        raise SearchFailed("a trial's (q, T, σ, score noise) lay outside the charged points; it refused to run "
+                           "and nothing is released (see sealed/trials.parquet)")
     if unfinished:
         raise SearchInterrupted(rows)
     return rows

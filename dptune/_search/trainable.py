@@ -42,15 +42,7 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
         params = dict(config)
     work = Path(tempfile.mkdtemp(prefix="dptune-trial-"))
     ckpt_path = work / "trial.pt"
-    restored = tune.get_checkpoint()
-    attempts = 1
-    if restored is not None:  # an infrastructure failure: resume the same trial
-        with restored.as_directory() as d:
-            if (Path(d) / "trial.pt").exists():
-                shutil.copy(Path(d) / "trial.pt", ckpt_path)
-            if (Path(d) / "attempts").exists():
-                attempts = int((Path(d) / "attempts").read_text()) + 1
-    (work / "attempts").write_text(str(attempts))
+    attempts = _restore(work)
     device = "cuda" if torch.cuda.is_available() and tune.get_context().get_trial_resources().required_resources.get(
         "GPU", 0) > 0 else "cpu"
 
@@ -86,6 +78,20 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
                    "traceback": traceback.format_exc()[-2000:]}
     tune.report(metrics)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _restore(work: Path) -> int:
+    """After an infrastructure failure, the trial's last checkpoint into ``work``; the attempt number."""
+    restored = tune.get_checkpoint()
+    attempts = 1
+    if restored is not None:  # resume the same trial (same index, seed, hyperparameters)
+        with restored.as_directory() as d:
+            if (Path(d) / "trial.pt").exists():
+                shutil.copy(Path(d) / "trial.pt", work / "trial.pt")
+            if (Path(d) / "attempts").exists():
+                attempts = int((Path(d) / "attempts").read_text()) + 1
+    (work / "attempts").write_text(str(attempts))
+    return attempts
 
 
 def _measured(result: Any) -> dict[str, Any]:
