@@ -257,11 +257,11 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
     import torch
 
     from dptune._search.draw import make_draw
-    from dptune.accounting import transfer_config
-    from dptune.accounting._subsample import subsample_steps
     from dptune.config import DatasetSpec
     from dptune.data import load_dataset, poisson_subsample
     from dptune.dpsgd import run_trial
+    from dptune.release import released_params, select_best
+    from dptune.trials import TrialRow
 
     torch.set_num_threads(threads)
     t0 = time.time()
@@ -298,17 +298,17 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
         space = bench_space(epochs, sp_plan.score_noise, sp_plan.sigma, f)
         draw = make_draw(space, sp_plan.rule, seed=draw_seed)
         tune_data = data if f == 1.0 else poisson_subsample(data, f, seed=draw_seed + 17)
-        trials = []
+        trials, rows = [], []
         for t in draw.trials:
             cfg = space.trial_config(t["params"], seed=int(t["seed"]))
             r = run_trial(cfg, tune_data, evaluate_test=True, sampling_basis=f * N_TRAIN if f < 1 else None)
-            charged = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_TRAIN) if f == 1.0 else \
-                subsample_steps(cfg.epochs, cfg.batch_size, N_TRAIN, f)
+            charged = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=f * N_TRAIN)
             assert r.steps == charged, (r.steps, charged)
             trials.append({"params": t["params"], "score": r.score, "val_raw": r.val_accuracy_raw,
                            "test": float(r.test_accuracy or 0.0)})
-        scored = [(tr["score"] if math.isfinite(tr["score"]) else -math.inf, -i) for i, tr in enumerate(trials)]
-        best_i = -max(scored)[1] if trials else None
+            rows.append(TrialRow(index=len(rows), params=t["params"], seed=str(t["seed"]), score=r.score))
+        best = select_best(rows)  # dptune.release: the search's own selection rule
+        best_i = None if best is None else best.index
         row: dict[str, Any] = {"k": draw.k, "trials": trials, "eps_search": sp_plan.epsilon,
                                "sigma_search": sp_plan.sigma, "subsample_n": int(len(tune_data.train[1]))}
         if mode == "c":
@@ -317,10 +317,7 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
                        batch_size=trials[best_i]["params"]["batch_size"], lr=trials[best_i]["params"]["learning_rate"])
             assert sp_plan.epsilon <= eps * (1 + 1e-9)
         else:
-            params = dict(trials[best_i]["params"]) if best_i is not None else \
-                {k: getattr(space.default, k) for k in space.space}  # K = 0: the space's default (rule 1)
-            if f < 1:
-                params = transfer_config(params, f, N_FINAL)
+            params, _ = released_params(space, best, N_FINAL)  # K = 0 default, subsample transfer rule
             final_cfg = bench_space(epochs, sp_plan.score_noise, sp_plan.sigma).fixed.replace(**params)
             row.update(final_run(final_cfg, [sp_plan.event]))
         out["modes"][mode] = row

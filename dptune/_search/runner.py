@@ -188,7 +188,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     rows.sort(key=lambda r: r.index)
     if any(r.error.startswith("ChargeMismatch") for r in rows):  # refused before touching data: a dptune bug
         raise SearchFailed("a trial's (q, T, σ, score noise) lay outside the charged points; it refused to run "
-                           "and nothing is released (see sealed/trials.parquet)")
+                           "and nothing is released (see sealed/logs/trials.log)")
     if unfinished:
         raise SearchInterrupted(rows)
     return rows
