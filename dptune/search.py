@@ -125,8 +125,7 @@ def _request(args: argparse.Namespace) -> SearchRequest:
     ray = RayOptions(address=args.address, num_cpus=args.num_cpus, cpus_per_trial=args.cpus_per_trial,
                      gpus_per_trial=args.gpus_per_trial, dashboard_host=args.dashboard_host,
                      dashboard_port=args.dashboard_port, max_failures=args.max_failures,
-                     checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint,
-                     job_metadata={"dptune_run": name, "dptune_space": space.name})
+                     checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint)
     return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=Path(args.ledger),
                          budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
                          new_dataset=args.new_dataset, resume=args.resume, seed=args.seed,

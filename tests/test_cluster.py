@@ -101,6 +101,8 @@ def test_dashboard_lists_the_job_with_its_charge(cluster: Cluster,
     assert float(meta["dptune_epsilon"]) == pytest.approx(cert["epsilon"], abs=1e-4)
     assert meta["dptune_delta"] == "1e-05" and meta["dptune_stopping"] == "poisson(mean=3)"
     assert "k" not in {key.lower() for key in meta}
+    # the dashboard's job list shows metadata["job_name"] as the Name: which search and its charge
+    assert meta["job_name"] == f"dptune search mn: epsilon {cert['epsilon']:.2f}"
     assert mine[0]["status"] == "SUCCEEDED"
     assert cluster.dashboard in r.stdout
 

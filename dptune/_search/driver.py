@@ -181,10 +181,16 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         from dptune.data import poisson_subsample
 
         data = poisson_subsample(data, f, draw.stream_seed("subsample"))
-    with RaySession(req.ray) as dashboard:
+    eps = f"{p.plan.search_epsilon:.4f}"
+    # the dashboard's job list shows metadata["job_name"] as the job's Name: which search, what it costs
+    opts = dataclasses.replace(req.ray, job_metadata={
+        **req.ray.job_metadata, "job_name": f"dptune search {run.root.name}: epsilon {p.plan.search_epsilon:.2f}",
+        "dptune_run": run.root.name, "dptune_space": req.space.name, "dptune_epsilon": eps,
+        "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
+    with RaySession(opts) as dashboard:
         say(f"  Ray dashboard: {dashboard or 'see your cluster head'}")
         run.write_state(status="running", dashboard=dashboard)
-        rows = runner.run_trials(req.space, draw, data, run, req.ray, show_trials=req.show_trials,
+        rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
                                  charged_points=p.plan.points)
     return rows, dashboard
