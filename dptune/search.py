@@ -18,7 +18,7 @@ from typing import Any
 from dptune._cli import run_cli
 from dptune._search.driver import SearchRequest
 from dptune.config import SearchSpace, check_adaptive, load_space
-from dptune.errors import ConfigError
+from dptune.errors import ConfigError, check_unit_interval
 
 __all__ = ["main"]
 
@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="NOT PRIVATE: fixed randomness for reproducibility/tests")
     p.add_argument("--smoke-test", action="store_true", help="2 epochs per trial (fast path for CI)")
     p.add_argument("--epochs", type=float, help="override the space's fixed epochs (charged accordingly)")
+    p.add_argument("--tune-fraction", type=float,
+                   help="search on a Poisson subsample of this fraction of the training data (0 < f <= 1; "
+                        "overrides search.tune_fraction; charged accordingly)")
     return p
 
 
@@ -74,6 +77,9 @@ def _apply_overrides(space: SearchSpace, args: argparse.Namespace) -> SearchSpac
         raise ConfigError("--accounting", "the space's privacy.stopping is composed",
                           "use --accounting composed, or set privacy.stopping to poisson or tnb")
     changes["privacy"] = privacy
+    if args.tune_fraction is not None:
+        changes["tune_fraction"] = check_unit_interval("--tune-fraction", args.tune_fraction,
+                                                       "choose e.g. 0.25, or 1 for no subsampling", include_one=True)
     epochs = 2.0 if args.smoke_test else args.epochs
     if epochs is not None:
         if "epochs" in space.space:
