@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dptune._cli import run_cli
+from dptune._cli import callable_module, run_cli
 from dptune.accounting import (
     Advice,
     Plan,
@@ -268,6 +268,8 @@ def _print(out: dict[str, Any]) -> None:
     if "advice" in out:
         _print_advice(out["advice"])
 
+
+callable_module(__name__, "plan")  # dptune.plan(...) is the API function, module or not
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dptune._cli import run_cli
+from dptune._cli import callable_module, run_cli
 from dptune._search.driver import SearchRequest
 from dptune.config import SearchSpace, check_adaptive, load_space
 from dptune.errors import ConfigError, check_unit_interval
@@ -180,6 +180,8 @@ def _print_release(req: SearchRequest, out: Any) -> None:
     print(f"  next:   python -m dptune.train --release {rel} --out {out.run.root}/final --target-epsilon E "
           "(E = your total budget for search + final training)")
 
+
+callable_module(__name__, "search")  # dptune.search(...) is the API function, module or not
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dptune._cli import run_cli
+from dptune._cli import callable_module, run_cli
 from dptune._final import TrainRequest, run_final
 
 __all__ = ["main"]
@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(lambda: 0 if run_final(TrainRequest(**vars(args))) else 1)
 
 
+
+callable_module(__name__, "train")  # dptune.train(...) is the API function, module or not
 
 if __name__ == "__main__":
     sys.exit(main())
