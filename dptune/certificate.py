@@ -16,7 +16,7 @@ from typing import Any
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting import epsilon_from_rdp, event_from_json, event_to_json, rdp_of
+from dptune.accounting import epsilon, event_from_json, event_to_json
 from dptune.config import ConfigError
 
 __all__ = ["Certificate", "CertificateError", "load_certificate"]
@@ -58,7 +58,7 @@ class Certificate:
             {"k", "K", "num_trials_drawn", "trials_drawn"} & set(details or {}))
         if forbidden:
             raise ValueError(f"a certificate must not reveal the drawn number of trials ({forbidden})")
-        eps = compose_epsilon([e for _, e in events], delta)
+        eps = epsilon([e for _, e in events], delta)
         return cls(dataset_fingerprint, float(delta), list(events), eps, dict(stopping), dict(details or {}))
 
     def to_json(self) -> dict[str, Any]:
@@ -70,7 +70,7 @@ class Certificate:
             "accountant": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
             "stopping": self.stopping,
             "events": [{"role": role, "event": event_to_json(e),
-                        "epsilon_alone": compose_epsilon([e], self.delta)} for role, e in self.events],
+                        "epsilon_alone": epsilon([e], self.delta)} for role, e in self.events],
             "details": self.details,
             "versions": self.versions,
             "created": self.created,
@@ -81,7 +81,7 @@ class Certificate:
 
     def verify(self) -> None:
         """Recompute ε from the events; raise if the stated ε differs."""
-        recomputed = compose_epsilon([e for _, e in self.events], self.delta)
+        recomputed = epsilon([e for _, e in self.events], self.delta)
         if not (math.isfinite(self.epsilon) and math.isclose(recomputed, self.epsilon, rel_tol=1e-6, abs_tol=1e-9)):
             raise CertificateError(
                 "certificate.epsilon",
@@ -94,11 +94,6 @@ class Certificate:
         merged = {**self.details, **(details or {})}
         return Certificate.build(self.dataset_fingerprint, self.delta, [*self.events, (role, event)],
                                  self.stopping, merged)
-
-
-def compose_epsilon(events: list[de.DpEvent], delta: float) -> float:
-    total = sum((rdp_of(e) for e in events), start=rdp_of(de.NoOpDpEvent()))
-    return epsilon_from_rdp(total, delta)[0]
 
 
 def load_certificate(path: str | Path, verify: bool = True) -> Certificate:

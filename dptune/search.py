@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from dptune._cli import run_cli
-from dptune.accounting import Plan, StoppingRule, plan_search
+from dptune.accounting import Plan, plan_search, stopping_rule
 from dptune.certificate import Certificate
 from dptune.config import ConfigError, SearchSpace, check_adaptive, load_space
 from dptune.ledger import Ledger
@@ -174,7 +174,7 @@ def _main(args: argparse.Namespace) -> int:
         print("WARNING: --seed fixes K, the trial configs and all DP noise: NOT PRIVATE (tests/reproducibility).",
               file=sys.stderr)
 
-    rule = StoppingRule(space.privacy.stopping, space.privacy.mean, space.privacy.eta)
+    rule = stopping_rule(space.privacy.stopping, mean=space.privacy.mean, eta=space.privacy.eta)
     data = _load_data(space)
     n_train = int(len(data.train[1]))
     fingerprint = data.pool_fingerprint()
@@ -255,7 +255,7 @@ def _main(args: argparse.Namespace) -> int:
         if f < 1:  # the transfer rule: keep q = B/n (batch scaled by 1/f), epochs, lr, σ
             from dptune.accounting import transfer_config
 
-            params = transfer_config(params, f, n_train)
+            params = transfer_config(params, fraction=f, n_train=n_train)
     else:
         best = None
         params = {k: getattr(space.default, k) for k in space.space}

@@ -24,8 +24,8 @@ import yaml
 
 from dptune._cli import run_cli
 from dptune._params import sampling_rate, trial_steps
-from dptune.accounting import calibrate_noise_multiplier, trial_event
-from dptune.certificate import Certificate, compose_epsilon, load_certificate
+from dptune.accounting import calibrate_noise_multiplier, epsilon, trial_event
+from dptune.certificate import Certificate, load_certificate
 from dptune.config import ConfigError, DatasetSpec, TrialConfig, _coerce
 from dptune.ledger import Ledger
 
@@ -193,10 +193,14 @@ def _train(args: argparse.Namespace, release: Release, data: Any, ledger: Ledger
     steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
     prior = [e for _, e in cert.events]
     if args.target_epsilon is not None:
-        sigma = calibrate_noise_multiplier(prior, q, steps, cert.delta, args.target_epsilon)
+        try:
+            sigma = calibrate_noise_multiplier(prior, sampling_rate=q, steps=steps, delta=cert.delta,
+                                               target_epsilon=args.target_epsilon)
+        except ConfigError as e:
+            raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
         config = config.replace(noise_multiplier=sigma)
-    event = trial_event(config.noise_multiplier, q, steps, None)
-    train_eps = compose_epsilon([event], cert.delta)
+    event = trial_event(noise_multiplier=config.noise_multiplier, sampling_rate=q, steps=steps, score_noise=None)
+    train_eps = epsilon([event], cert.delta)
     summary = {"noise_multiplier": config.noise_multiplier, "sampling_rate": q, "steps": steps,
                "epochs": config.epochs, "batch_size": config.batch_size, "n_train": n,
                "train_on_validation": bool(args.train_on_validation), "target_epsilon": args.target_epsilon,

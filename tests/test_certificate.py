@@ -14,8 +14,8 @@ FP = "a" * 64
 
 
 def _cert() -> Certificate:
-    search = de.RepeatAndSelectDpEvent(A.trial_event(1.2, 0.1, 150, 6.0), 3.0, math.inf)
-    return Certificate.build(FP, 1e-5, [("search", search)], A.StoppingRule("poisson", 3.0).describe())
+    search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=1.2, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
+    return Certificate.build(FP, 1e-5, [("search", search)], A.stopping_rule("poisson", mean=3.0).describe())
 
 
 def test_round_trip_and_verify(tmp_path: Path) -> None:
@@ -48,10 +48,10 @@ def test_tampered_event_fails(tmp_path: Path) -> None:
 
 def test_composition_with_final_training_is_below_the_sum() -> None:
     cert = _cert()
-    final = A.trial_event(1.0, 0.1, 150, None)
+    final = A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=150, score_noise=None)
     total = cert.compose_with("final_training", final)
-    assert total.epsilon < cert.epsilon + A.epsilon(final, 1e-5)
-    assert total.epsilon > max(cert.epsilon, A.epsilon(final, 1e-5))
+    assert total.epsilon < cert.epsilon + A.epsilon([final], 1e-5)
+    assert total.epsilon > max(cert.epsilon, A.epsilon([final], 1e-5))
 
 
 def test_certificate_refuses_k() -> None:

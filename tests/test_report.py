@@ -122,7 +122,7 @@ def test_stopping_rule_figure_and_known_answers(search_run: tuple[Path, Path, di
     # oracles: the certificate's own ε (Poisson, mean 3), and one composed trial is the trial itself
     assert dict(table["Poisson"])[3.0] == pytest.approx(cert.epsilon, rel=1e-9)
     composed = dict(table["composition (K fixed, every trial charged)"])
-    assert composed[1.0] == pytest.approx(epsilon(trial, cert.delta), rel=1e-9)
+    assert composed[1.0] == pytest.approx(epsilon([trial], cert.delta), rel=1e-9)
     assert composed[10.0] > dict(table["Poisson"])[10.0]  # random stopping beats composing 10 trials here
     with pytest.raises(ValueError):
         _plots.stopping_rule_figure(trial, cert.delta, (0.5, 2))
