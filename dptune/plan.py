@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "give e.g. --plot stopping.png")
             from dptune._plots import stopping_rule_figure
 
-            stopping_rule_figure(plan.trial_event, plan.delta, out=args.plot, mark=plan.stopping)
+            stopping_rule_figure(plan.trial_event, plan.delta, out=args.plot, mark=plan.stopping,
+                                 tune_fraction=space.tune_fraction if space is not None else 1.0)
             out["plot"] = args.plot
         if args.json:
             print(json.dumps(out))

@@ -116,15 +116,14 @@ def _out_path(args: argparse.Namespace, run: RunDir) -> Path:
 # --- privacy data for the plots ----------------------------------------------------------------------
 
 
-def search_trial_event(cert: Certificate) -> tuple[de.DpEvent, StoppingRule]:
-    """The worst-case trial event and stopping rule of a search certificate (its 'search' event, subsampled
-    or not: ``dptune.accounting.search_parts``)."""
+def search_trial_event(cert: Certificate) -> tuple[de.DpEvent, StoppingRule, float]:
+    """The worst-case trial event, stopping rule and tune fraction of a search certificate (its 'search'
+    event, subsampled or not: ``dptune.accounting.search_parts``)."""
     search = dict(cert.events).get("search")
     problem = "no event has the role 'search'"
     if search is not None:
         try:
-            trial, rule, _ = search_parts(search)
-            return trial, rule
+            return search_parts(search)
         except ValueError as e:
             problem = str(e)
     raise ConfigError("run", f"its certificate has no dptune search event ({problem})",
@@ -202,7 +201,7 @@ img { max-width: 100%; border: 1px solid #ddd; margin: .5em 0; }
 def render(data: RunData) -> str:
     """The report as one HTML document (plots embedded as base64 PNG, no external resources)."""
     cert = data.certificate
-    trial_ev, rule = search_trial_event(cert)
+    trial_ev, rule, tune_fraction = search_trial_event(cert)
     params = sorted({k for t in data.trials for k in t["params"]})
     released = data.release.get("config", {})
     name = cert.details.get("run", data.run.root.name)
@@ -227,7 +226,7 @@ def render(data: RunData) -> str:
         ("Score against each searched hyperparameter (all trials; crashed/diverged at the bottom)",
          _plots.score_figure(data.trials, params)),
         ("ε against the mean number of trials, per stopping rule, for this run's worst-case trial",
-         _plots.stopping_rule_figure(trial_ev, cert.delta, mark=rule)),
+         _plots.stopping_rule_figure(trial_ev, cert.delta, mark=rule, tune_fraction=tune_fraction)),
         ("Ledger: cumulative ε per dataset after each charge (RDP composition)",
          _plots.ledger_figure(series, budgets)),
     ]

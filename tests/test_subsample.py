@@ -106,3 +106,19 @@ def test_transfer_keeps_sampling_rate() -> None:
     assert out == {"batch_size": 512, "learning_rate": 0.5, "epochs": 15, "noise_multiplier": 3.0}
     assert A.transfer_config({"batch_size": 300}, fraction=0.25, n_train=1000)["batch_size"] == 1000
 
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+@pytest.mark.parametrize("rule", A.comparison_rules(3.0), ids=lambda r: r.label())
+def test_search_parts_inverts_the_charge(rule: A.StoppingRule, fraction: float) -> None:
+    """The charge plan_search stores (subsampled or not, every rule) gives back its trial, rule and f."""
+    eta = rule.eta if isinstance(rule, A.TruncatedNegativeBinomial) else 1.0
+    space = _space([32, 64], stopping=rule.name, mean=rule.mean, eta=eta, tune_fraction=fraction)
+    plan = A.plan_search(space, 1257, compare=False)
+    assert plan.stopping == rule
+    stored = A.event_from_json(A.event_to_json(plan.search_event))  # as a certificate or ledger holds it
+    assert A.search_parts(stored) == (plan.trial_event, rule, fraction)
+    with pytest.raises(ValueError):
+        A.search_parts(plan.trial_event)
+    with pytest.raises(ValueError):  # a subsampled search whose validation part was dropped
+        A.search_parts(stored.events[0] if isinstance(stored, A.WorstCaseDpEvent) else
+                       A.WorstCaseDpEvent((stored, de.GaussianDpEvent(1.0))))
