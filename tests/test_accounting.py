@@ -212,3 +212,96 @@ def test_events_round_trip_json() -> None:
     with pytest.raises(ValueError):
         A.event_from_json({"type": "os.system", "x": 1})
 
+
+# --- stopping rules are types, chosen in one catalogue ------------------------------------------------
+
+RULES = [*A.comparison_rules(3.0), A.stopping_rule("tnb", mean=4.0, eta=2.5), A.stopping_rule("composed", mean=1)]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.label())
+def test_rule_owns_its_charge(rule: A.StoppingRule) -> None:
+    """search_rdp (the vectorised transform) is the RDP of search_event, for one curve and a batch."""
+    trials = [A.trial_event(noise_multiplier=s, sampling_rate=0.05, steps=200, score_noise=6.0) for s in (0.9, 2.0)]
+    for trial in (*trials, A.WorstCaseDpEvent(tuple(trials))):
+        assert rule.search_rdp(A.rdp_of(trial)) == pytest.approx(A.rdp_of(rule.search_event(trial)), rel=1e-12)
+    batch = np.stack([A.rdp_of(t) for t in trials])
+    assert rule.search_rdp(batch) == pytest.approx(np.stack([A.rdp_of(rule.search_event(t)) for t in trials]),
+                                                   rel=1e-12)
+    assert rule.from_search_event(rule.search_event(trials[0])) == (trials[0], rule)
+    assert A.stopping_rule(rule.name, mean=rule.mean, eta=getattr(rule, "eta", 1.0)) == rule
+    assert rule.describe()["rule"] == rule.name and A.STOPPING_RULES[rule.name] is type(rule)
+    assert rule.random_stopping == (not isinstance(rule, A.Composed))
+
+
+def test_catalogue() -> None:
+    assert list(A.STOPPING_RULES) == ["poisson", "tnb", "composed"]
+    assert [r.label() for r in A.comparison_rules(2.6)] == [
+        "poisson(mean=2.6)", "logarithmic(eta=0, mean=2.6)", "geometric(eta=1, mean=2.6)", "composed(3 trials)"]
+    rule = A.stopping_rule("tnb", mean=3.0, eta=0.0)
+    assert [r.label() for r in A.alternative_rules(rule)] == [
+        "poisson(mean=3)", "geometric(eta=1, mean=3)", "composed(3 trials)"]
+    with pytest.raises(TypeError):
+        A.StoppingRule(mean=3.0)  # type: ignore[abstract]  # the base is abstract: rules come from the catalogue
+
+
+# --- one σ calibration routine with a stated guarantee --------------------------------------------------
+
+
+def _search_cost(sigma: float) -> float:
+    trial = A.trial_event(noise_multiplier=sigma, sampling_rate=0.05, steps=200, score_noise=6.0)
+    return A.epsilon([A.stopping_rule("poisson", mean=3.0).search_event(trial)], DELTA)
+
+
+def _subsampled_cost(sigma: float) -> float:
+    space = _space({"batch_size": [64, 128]}, {"noise_multiplier": 1.0}, {"batch_size": 64})
+    import dataclasses
+
+    return A.plan_search(dataclasses.replace(space, tune_fraction=0.5), 1257, sigma_low=sigma,
+                         compare=False).search_epsilon
+
+
+@pytest.mark.parametrize("cost, target, rel_tol", [(_search_cost, 2.0, 2e-3), (_search_cost, 6.0, 1e-3),
+                                                   (_subsampled_cost, 3.0, 1e-2)])
+def test_calibrate_sigma_guarantee(cost, target: float, rel_tol: float) -> None:  # type: ignore[no-untyped-def]
+    sigma = A.calibrate_sigma(cost, target_epsilon=target, lo=0.5, hi=200.0, rel_tol=rel_tol)
+    assert sigma is not None and 0.5 < sigma <= 200.0
+    assert cost(sigma) <= target < cost(sigma * (1 - rel_tol))
+
+
+def test_calibrate_sigma_bounds() -> None:
+    assert A.calibrate_sigma(_search_cost, target_epsilon=1e4, lo=0.5, hi=200.0, rel_tol=1e-3) == 0.5  # lo fits
+    # the score releases alone cost more than 0.01: no σ fits
+    assert A.calibrate_sigma(_search_cost, target_epsilon=0.01, lo=0.5, hi=200.0, rel_tol=1e-3) is None
+    with pytest.raises(ValueError):
+        A.calibrate_sigma(_search_cost, target_epsilon=1.0, lo=2.0, hi=1.0, rel_tol=1e-3)
+
+
+def test_calibrate_noise_multiplier_names_fields() -> None:
+    with pytest.raises(ConfigError) as e:
+        A.calibrate_noise_multiplier([], sampling_rate=0.05, steps=100, delta=DELTA, target_epsilon=0.0)
+    assert e.value.field == "target_epsilon"
+    sigma = A.calibrate_noise_multiplier([], sampling_rate=0.05, steps=100, delta=DELTA, target_epsilon=2.0)
+    final = A.trial_event(noise_multiplier=sigma, sampling_rate=0.05, steps=100, score_noise=None)
+    assert A.epsilon([final], DELTA) <= 2.0 < A.epsilon(
+        [A.trial_event(noise_multiplier=sigma * (1 - 2e-3), sampling_rate=0.05, steps=100, score_noise=None)], DELTA)
+
+
+# --- privacy parameters are keyword-only ------------------------------------------------------------
+
+
+def test_privacy_parameters_are_keyword_only() -> None:
+    calls = [
+        lambda: A.trial_event(1.5, 0.04, 100, None),  # type: ignore[misc]
+        lambda: A.TrialPoint(1.5, 0.04, 100, None),  # type: ignore[misc]
+        lambda: A.calibrate_noise_multiplier([], 0.04, 100, DELTA, 2.0),  # type: ignore[misc]
+        lambda: A.poisson_subsampled_rdp(A.ORDERS, A.ORDERS, 0.5),  # type: ignore[misc]
+        lambda: A.random_stopping_rdp(A.ORDERS, A.ORDERS, 3.0, math.inf),  # type: ignore[misc]
+        lambda: A.stopping_rule("poisson", 3.0),  # type: ignore[misc]
+        lambda: A.Poisson(3.0),  # type: ignore[misc]
+        lambda: A.tnb_gamma(3.0, 1.0),  # type: ignore[misc]
+        lambda: A.sigma_floor(_space({}), 1257, 4.0),  # type: ignore[misc]
+        lambda: A.epsilon(A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=1, score_noise=None), DELTA),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError):
+            call()
