@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from dptune._params import sampling_rate, trial_steps
-from dptune.accounting import calibrate_noise_multiplier, trial_event
-from dptune.certificate import Certificate, compose_epsilon, guarantee, verify_binding
+from dptune.accounting import calibrate_noise_multiplier, epsilon, trial_event
+from dptune.certificate import Certificate, guarantee, verify_binding
 from dptune.config import DatasetSpec, TrialConfig
 from dptune.errors import ConfigError
 from dptune.ledger import Ledger
@@ -148,13 +148,17 @@ def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple
     q = sampling_rate(batch_size=config.batch_size, basis=n)
     steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
     if req.target_epsilon is not None:
-        sigma = calibrate_noise_multiplier([e for _, e in cert.events], q, steps, cert.delta, req.target_epsilon)
+        try:
+            sigma = calibrate_noise_multiplier([e for _, e in cert.events], sampling_rate=q, steps=steps,
+                                               delta=cert.delta, target_epsilon=req.target_epsilon)
+        except ConfigError as e:
+            raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
         config = config.replace(noise_multiplier=sigma)
-    event = trial_event(config.noise_multiplier, q, steps, None)
+    event = trial_event(noise_multiplier=config.noise_multiplier, sampling_rate=q, steps=steps, score_noise=None)
     summary = {"noise_multiplier": config.noise_multiplier, "sampling_rate": q, "steps": steps,
                "epochs": config.epochs, "batch_size": config.batch_size, "n_train": n,
                "train_on_validation": bool(req.train_on_validation), "target_epsilon": req.target_epsilon,
-               "epsilon_alone": compose_epsilon([event], cert.delta)}
+               "epsilon_alone": epsilon([event], cert.delta)}
     return config, event, summary
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting import epsilon_from_rdp, event_from_json, event_to_json, rdp_of
+from dptune.accounting import epsilon, event_from_json, event_to_json
 from dptune.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class Certificate:
         forbidden = _FORBIDDEN & (set(stopping) | set(details or {}))
         if forbidden:
             raise ValueError(f"a certificate must not reveal the drawn number of trials ({forbidden})")
-        eps = compose_epsilon([e for _, e in events], delta)
+        eps = epsilon([e for _, e in events], delta)
         return cls(dataset_id, float(delta), list(events), eps, dict(stopping), dict(details or {}),
                    guarantee(reproducible=reproducible), {}, created)
 
@@ -129,7 +129,7 @@ class Certificate:
             "guarantee": self.guarantee,
             "stopping": self.stopping,
             "events": [{"role": role, "event": event_to_json(e),
-                        "epsilon_alone": compose_epsilon([e], self.delta)} for role, e in self.events],
+                        "epsilon_alone": epsilon([e], self.delta)} for role, e in self.events],
             "details": self.details,
             "binding": self.binding,
             "created": self.created,
@@ -141,7 +141,7 @@ class Certificate:
 
     def verify(self) -> None:
         """Recompute ε from the events; raise if the stated ε differs."""
-        recomputed = compose_epsilon([e for _, e in self.events], self.delta)
+        recomputed = epsilon([e for _, e in self.events], self.delta)
         if not (math.isfinite(self.epsilon) and math.isclose(recomputed, self.epsilon, rel_tol=1e-6, abs_tol=1e-9)):
             raise CertificateError(
                 "certificate.epsilon",
@@ -174,11 +174,6 @@ def verify_binding(cert: Certificate, ledger: Ledger) -> list[Charge]:
             raise CertificateError("certificate.binding", f"the {role!r} charge was aborted", "run a new search")
         found.append(charge)
     return found
-
-
-def compose_epsilon(events: list[de.DpEvent], delta: float) -> float:
-    total = sum((rdp_of(e) for e in events), start=rdp_of(de.NoOpDpEvent()))
-    return epsilon_from_rdp(total, delta)[0]
 
 
 def load_certificate(path: str | Path, verify: bool = True) -> Certificate:

@@ -50,7 +50,7 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int) -> 
         return {k: getattr(space.default, k) for k in space.space}, None
     params = dict(best.params)
     if space.tune_fraction < 1:
-        params = transfer_config(params, space.tune_fraction, n_train)
+        params = transfer_config(params, fraction=space.tune_fraction, n_train=n_train)
     score = best.rank_key[0]
     return params, (None if score == float("-inf") else float(score))
 

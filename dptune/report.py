@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from dp_accounting import dp_event as de
 
 from dptune import _plots
 from dptune._cli import run_cli
-from dptune.accounting import ORDERS, StoppingRule, epsilon_from_rdp, rdp_of
+from dptune.accounting import StoppingRule, epsilon, search_parts
 from dptune.certificate import Certificate, CertificateError, load_certificate
 from dptune.config import ConfigError
 from dptune.ledger import Ledger
@@ -129,16 +128,17 @@ def _out_path(args: argparse.Namespace, run: RunDir) -> Path:
 # --- privacy data for the plots ----------------------------------------------------------------------
 
 
-def search_trial_event(cert: Certificate) -> tuple[de.DpEvent, StoppingRule]:
-    """The worst-case trial event and stopping rule of a search certificate (its 'search' event)."""
-    events = dict(cert.events)
-    search = events.get("search")
-    if isinstance(search, de.RepeatAndSelectDpEvent):
-        kind = "poisson" if math.isinf(search.shape) else "tnb"
-        return search.event, StoppingRule(kind, float(search.mean), 1.0 if kind == "poisson" else float(search.shape))
-    if isinstance(search, de.SelfComposedDpEvent):
-        return search.event, StoppingRule("composed", float(search.count))
-    raise ConfigError("run", "its certificate has no search event (RepeatAndSelect or SelfComposed)",
+def search_trial_event(cert: Certificate) -> tuple[de.DpEvent, StoppingRule, float]:
+    """The worst-case trial event, stopping rule and tune fraction of a search certificate (its 'search'
+    event, subsampled or not: ``dptune.accounting.search_parts``)."""
+    search = dict(cert.events).get("search")
+    problem = "no event has the role 'search'"
+    if search is not None:
+        try:
+            return search_parts(search)
+        except ValueError as e:
+            problem = str(e)
+    raise ConfigError("run", f"its certificate has no dptune search event ({problem})",
                       "give a run written by python -m dptune.search")
 
 
@@ -154,12 +154,12 @@ def ledger_series(ledger: Ledger) -> tuple[dict[str, list[tuple[float, float]]],
         delta = budget[1] if budget else 1e-5  # Ledger.spent's default when no budget is set
         label = fp[:12]
         budgets[label] = budget[0] if budget else None
-        total = np.zeros_like(ORDERS)
+        counted: list[de.DpEvent] = []
         points: list[tuple[float, float]] = []
         for c in ledger.charges(fp):
             if c.status != "aborted":
-                total = total + rdp_of(c.event)  # compose, never add ε
-            cum = epsilon_from_rdp(total, delta)[0] if total.any() else 0.0
+                counted.append(c.event)
+            cum = epsilon(counted, delta)  # compose, never add ε
             points.append((c.created, cum))
             rows.append({"id": c.id, "dataset": label, "name": c.name, "status": c.status,
                          "epsilon alone": c.epsilon, "cumulative epsilon": cum, "delta": delta,
@@ -213,7 +213,7 @@ img { max-width: 100%; border: 1px solid #ddd; margin: .5em 0; }
 def render(data: RunData) -> str:
     """The report as one HTML document (plots embedded as base64 PNG, no external resources)."""
     cert = data.certificate
-    trial_ev, rule = search_trial_event(cert)
+    trial_ev, rule, tune_fraction = search_trial_event(cert)
     params = sorted({k for t in data.trials for k in t["params"]})
     released = data.release.get("config", {})
     name = cert.details.get("run", data.run.root.name)
@@ -238,7 +238,7 @@ def render(data: RunData) -> str:
         ("Score against each searched hyperparameter (all trials; crashed/diverged at the bottom)",
          _plots.score_figure(data.trials, params)),
         ("ε against the mean number of trials, per stopping rule, for this run's worst-case trial",
-         _plots.stopping_rule_figure(trial_ev, cert.delta, mark=rule)),
+         _plots.stopping_rule_figure(trial_ev, cert.delta, mark=rule, tune_fraction=tune_fraction)),
         ("Ledger: cumulative ε per dataset after each charge (RDP composition)",
          _plots.ledger_figure(series, budgets)),
     ]

@@ -21,7 +21,7 @@ SPACE = ROOT / "search_spaces" / "digits.yaml"
 
 
 def _k0_seed() -> int:
-    rule = A.StoppingRule("poisson", 3.0)
+    rule = A.stopping_rule("poisson", mean=3.0)
     return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
 
 

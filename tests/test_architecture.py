@@ -144,3 +144,110 @@ def test_lazy_dp_accounting_is_transparent() -> None:
             "assert dp_accounting.pld.PLDAccountant is not None\nprint('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# --- inside dptune/accounting: a layered package, no cycles, no registry written from outside ---------
+
+ACCOUNTING = PKG / "accounting"
+
+
+def _accounting_deps(path: Path) -> dict[str, bool]:
+    """The accounting modules ``path`` imports -> whether the import sits inside a function (lazy)."""
+    deps: dict[str, bool] = {}
+    tree = ast.parse(path.read_text())
+    lazy = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module == "dptune.accounting":
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dptune.accounting."):
+            names = [(node.module or "").split(".")[2]]
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".")[2] for a in node.names if a.name.startswith("dptune.accounting.")]
+        for name in names:
+            if (ACCOUNTING / f"{name}.py").exists():
+                deps[name] = deps.get(name, False) or id(node) in lazy
+    return deps
+
+
+def _graph() -> dict[str, dict[str, bool]]:
+    # the package __init__ re-exports every module; the modules must form a DAG among themselves
+    return {p.stem: _accounting_deps(p) for p in sorted(ACCOUNTING.glob("_*.py")) if p.name != "__init__.py"}
+
+
+def _cycle(graph: dict[str, dict[str, bool]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in graph.get(m, {}):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in graph:
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_accounting_import_graph_is_acyclic() -> None:
+    graph = _graph()
+    assert {"_events", "_rdp", "_amplify", "_rules", "_catalogue", "_planner"} <= set(graph)
+    assert _cycle(graph) is None, f"import cycle in dptune/accounting: {' -> '.join(_cycle(graph) or [])}"
+    lazy = sorted(f"{m} -> {d}" for m, deps in graph.items() for d, is_lazy in deps.items() if is_lazy)
+    assert not lazy, f"function-level imports between accounting modules (a cycle dodged?): {lazy}"
+    assert "_rdp" not in graph["_amplify"] and "_rdp" not in graph["_events"]  # the math needs no interpreter
+
+
+def test_cycle_check_catches_a_cycle() -> None:
+    assert _cycle({"_a": {"_b": False}, "_b": {"_c": False}, "_c": {"_a": True}}) == ["_a", "_b", "_c", "_a"]
+    assert _cycle({"_a": {"_b": False}, "_b": {}}) is None
+
+
+def _writes_to_other_modules(path: Path) -> list[str]:
+    """Assignments like ``module.REGISTRY[key] = ...`` / ``module.REGISTRY.update(...)`` on a dptune module."""
+    tree = ast.parse(path.read_text())
+    modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+               if a.name.startswith("dptune")}
+    modules |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and (n.module or "").startswith("dptune") for a in n.names}  # `from dptune.pkg import _module`
+    bad = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AugAssign | ast.AnnAssign) else []
+        for t in targets:
+            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and isinstance(
+                    t.value.value, ast.Name) and t.value.value.id in modules:
+                bad.append(f"{path.name}:{node.lineno}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "update", "setdefault", "__setitem__") and isinstance(node.func.value, ast.Attribute) and isinstance(
+                node.func.value.value, ast.Name) and node.func.value.value.id in modules:
+            bad.append(f"{path.name}:{node.lineno}")
+    return bad
+
+
+def test_no_module_writes_a_registry_of_another() -> None:
+    from types import MappingProxyType
+
+    from dptune.accounting import STOPPING_RULES, _events
+
+    bad = [w for p in MODULES for w in _writes_to_other_modules(p)]
+    assert not bad, f"a module writes another module's registry: {bad}"
+    # the two registries are read-only mappings, defined once
+    assert isinstance(STOPPING_RULES, MappingProxyType) and isinstance(_events._ALLOWED, MappingProxyType)
+    hits = [p for p in MODULES if "_ALLOWED[" in p.read_text() or "_CLASSES[" in p.read_text()]
+    assert all(p.name == "_events.py" for p in hits), hits
+
+
+def test_registry_write_check_catches_one(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from dptune.accounting import _events\n_events._ALLOWED['X'] = object\n")
+    assert _writes_to_other_modules(bad) == ["bad.py:2"]

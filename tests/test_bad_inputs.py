@@ -24,7 +24,7 @@ GOOD_PLAN = ["--noise-multiplier", "1.5", "--sampling-rate", "0.04", "--steps", 
 
 
 def _k0_seed(mean: float = 3.0) -> int:
-    rule = A.StoppingRule("poisson", mean)
+    rule = A.stopping_rule("poisson", mean=mean)
     return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
 
 

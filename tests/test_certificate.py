@@ -16,8 +16,9 @@ DATASET_ID = "0123456789abcdef0123456789abcdef"
 
 
 def _cert() -> Certificate:
-    search = de.RepeatAndSelectDpEvent(A.trial_event(1.2, 0.1, 150, 6.0), 3.0, math.inf)
-    return Certificate.build(DATASET_ID, 1e-5, [("search", search)], A.StoppingRule("poisson", 3.0).describe())
+    search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=1.2, sampling_rate=0.1, steps=150,
+                                                     score_noise=6.0), 3.0, math.inf)
+    return Certificate.build(DATASET_ID, 1e-5, [("search", search)], A.stopping_rule("poisson", mean=3.0).describe())
 
 
 def test_round_trip_and_verify(tmp_path: Path) -> None:
@@ -50,10 +51,10 @@ def test_tampered_event_fails(tmp_path: Path) -> None:
 
 def test_composition_with_final_training_is_below_the_sum() -> None:
     cert = _cert()
-    final = A.trial_event(1.0, 0.1, 150, None)
+    final = A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=150, score_noise=None)
     total = cert.compose_with("final_training", final)
-    assert total.epsilon < cert.epsilon + A.epsilon(final, 1e-5)
-    assert total.epsilon > max(cert.epsilon, A.epsilon(final, 1e-5))
+    assert total.epsilon < cert.epsilon + A.epsilon([final], 1e-5)
+    assert total.epsilon > max(cert.epsilon, A.epsilon([final], 1e-5))
 
 
 def test_certificate_refuses_k() -> None:
@@ -74,7 +75,7 @@ def _bound(tmp_path: Path, sigma: float = 1.2) -> tuple[Certificate, Ledger]:
     ledger = Ledger(tmp_path / "l.sqlite")
     if ledger.budget(FP) is None:
         ledger.set_budget(FP, 100.0, 1e-5)
-    search = de.RepeatAndSelectDpEvent(A.trial_event(sigma, 0.1, 150, 6.0), 3.0, math.inf)
+    search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=sigma, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
     charge = ledger.charge(ledger.reserve(FP, f"s{sigma}", search))
     cert = Certificate.build(ledger.dataset_id(FP), 1e-5, [("search", search)], {"rule": "poisson", "mean": 3.0})
     return cert.bind(ledger, [charge.token]), ledger
@@ -95,7 +96,7 @@ def test_binding_accepts_the_ledgers_own_certificate(tmp_path: Path) -> None:
 def test_forged_event_with_recomputed_epsilon_is_refused(tmp_path: Path) -> None:
     """Issue item 5: edit the event to a cheaper one and recompute ε — verify() passes, the binding fails."""
     cert, ledger = _bound(tmp_path)
-    cheaper = de.RepeatAndSelectDpEvent(A.trial_event(5.0, 0.1, 150, 6.0), 3.0, math.inf)
+    cheaper = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=5.0, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
     forged = Certificate.build(cert.dataset_id, cert.delta, [("search", cheaper)], cert.stopping)
     forged = Certificate(forged.dataset_id, forged.delta, forged.events, forged.epsilon, forged.stopping,
                          binding=cert.binding)
@@ -127,6 +128,6 @@ def test_guarantee_says_what_is_covered(tmp_path: Path) -> None:
     g = json.loads((tmp_path / "c.json").read_text())["guarantee"]
     assert "add or remove one example of the training split or of the validation split" in g["neighbouring_relation"]
     assert "test" in g["not_covered"] and g["reproducible"] is False and "warning" not in g
-    search = de.RepeatAndSelectDpEvent(A.trial_event(1.2, 0.1, 150, 6.0), 3.0, math.inf)
+    search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=1.2, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
     seeded = Certificate.build(DATASET_ID, 1e-5, [("search", search)], {}, reproducible=True)
     assert seeded.guarantee["reproducible"] is True and "NOT PRIVATE" in seeded.guarantee["warning"]

@@ -71,9 +71,9 @@ def search(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     base = tmp_path_factory.mktemp("search")
     import numpy as np
 
-    from dptune.accounting import StoppingRule
+    from dptune.accounting import stopping_rule
 
-    rule = StoppingRule("poisson", 3.0)
+    rule = stopping_rule("poisson", mean=3.0)
     seed = next(s for s in range(10_000) if 3 <= rule.draw_k(np.random.default_rng([s, 0])) <= 4)
     r = run_cli(["-m", "dptune.search", "--space", "search_spaces/digits.yaml", "--name", "mn",
                  "--runs-dir", str(base / "runs"), "--ledger", str(base / "l.sqlite"), "--budget-epsilon", "30",

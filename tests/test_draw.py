@@ -33,7 +33,7 @@ def test_trial_secrets_are_128_bit_and_independent(monkeypatch: pytest.MonkeyPat
     """A private draw takes every trial's entropy from the OS, 128 bits each (a 31-bit seed was enumerable)."""
     monkeypatch.delenv(TEST_HOOK, raising=False)
     space = load_space(SPACE)
-    rule = A.StoppingRule("poisson", 40.0)
+    rule = A.stopping_rule("poisson", mean=40.0)
     draws = [make_draw(space, rule) for _ in range(5)]
     seeds = [t["seed"] for d in draws for t in d.trials]
     assert len(seeds) > 100 and len(set(seeds)) == len(seeds)
@@ -47,7 +47,7 @@ def test_trial_secrets_are_128_bit_and_independent(monkeypatch: pytest.MonkeyPat
 
 def test_reproducible_draw_is_labelled_and_replays(monkeypatch: pytest.MonkeyPatch) -> None:
     space = load_space(SPACE)
-    rule = A.StoppingRule("poisson", 5.0)
+    rule = A.stopping_rule("poisson", mean=5.0)
     monkeypatch.setenv(TEST_HOOK, "3")
     a, b = make_draw(space, rule), make_draw(space, rule)
     assert a == b and a.reproducible

@@ -33,7 +33,7 @@ EPOCHS = "6"
 
 
 def _seed() -> int:
-    rule = A.StoppingRule("poisson", 3.0)
+    rule = A.stopping_rule("poisson", mean=3.0)
     return next(s for s in range(10_000) if 2 <= rule.draw_k(np.random.default_rng([s, 0])) <= 3)
 
 

@@ -22,7 +22,7 @@ SPACE = "search_spaces/digits.yaml"
 
 
 def _seed_with_k(lo: int, hi: int, mean: float = 3.0) -> int:
-    rule = A.StoppingRule("poisson", mean)
+    rule = A.stopping_rule("poisson", mean=mean)
     for s in range(10_000):
         if lo <= rule.draw_k(np.random.default_rng([s, 0])) <= hi:
             return s
@@ -117,7 +117,7 @@ def test_tiny_search_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) ->
 
 @pytest.mark.ray
 def test_k_zero_releases_the_default(tmp_path: Path, isolated_env: dict[str, str]) -> None:
-    rule = A.StoppingRule("poisson", 3.0)
+    rule = A.stopping_rule("poisson", mean=3.0)
     hook = next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
     env = {**isolated_env, "DPTUNE_TEST_DRAW_SEED": str(hook)}
     args = _search_args(tmp_path, "k0")
@@ -196,7 +196,7 @@ def test_tpe_runs_under_composed_accounting(tmp_path: Path, isolated_env: dict[s
     assert len(trials) == 2 and all(t["steps"] > 0 and not t["crashed"] for t in trials)
     assert len({t["seed"] for t in trials}) == 2 and all(int(t["seed"]) > 2**64 for t in trials)  # 128-bit
     worst = A.worst_case_event([A.TrialPoint(**p) for p in cert["details"]["worst_case"]])
-    assert cert["epsilon"] == pytest.approx(A.epsilon(A.StoppingRule("composed", 2).search_event(worst), 1e-5))
+    assert cert["epsilon"] == pytest.approx(A.epsilon([A.stopping_rule("composed", mean=2).search_event(worst)], 1e-5))
 
 
 @pytest.mark.ray
@@ -226,7 +226,7 @@ def test_subsample_tuning(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     # the search on the subsample, unamplified: trials at q = B/(f·n), then amplified by hand
     space = type(space)(**{**space.__dict__, "fixed": space.fixed.replace(epochs=2), "tune_fraction": 1.0})
     inner = A.plan_search(space, 0.5 * 1257).search_event  # type: ignore[arg-type]
-    assert cert["epsilon"] == pytest.approx(A.epsilon(A.subsampled_search_event(inner, 0.5), 1e-5), rel=1e-9)
+    assert cert["epsilon"] == pytest.approx(A.epsilon([A.subsampled_search_event(inner, fraction=0.5)], 1e-5), rel=1e-9)
     assert cert["details"]["tune_fraction"] == 0.5
     # the curator report reads a subsample run's certificate (issue 11 item 2: it used to fail on every one)
     rep = run_cli(["-m", "dptune.report", str(run)], isolated_env)

@@ -31,10 +31,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from dp_accounting import dp_event as de
 
-from dptune.accounting import ORDERS, epsilon_from_rdp, event_from_json, event_to_json, rdp_of
+from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budget parameter here
+from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive
 
 __all__ = ["BudgetExceeded", "Charge", "Ledger", "event_sha256"]
@@ -171,8 +171,7 @@ class Ledger:
         _check_budget(epsilon, delta)
         blob = b"".join(sorted(digests)) if digests is not None else None
         with self._write() as con:
-            spent = self._spent_rdp(con, fingerprint)
-            eps_spent = epsilon_from_rdp(spent, delta)[0] if spent.any() else 0.0
+            eps_spent = composed_epsilon(self._spent(con, fingerprint), delta)
             if eps_spent > epsilon:
                 raise BudgetExceeded("--epsilon", f"{eps_spent:.4g} has already been spent on this dataset",
                                      f"choose a budget >= {eps_spent:.4g}")
@@ -216,17 +215,15 @@ class Ledger:
     # --- charges -------------------------------------------------------------------------------------
 
     @staticmethod
-    def _spent_rdp(con: sqlite3.Connection, fingerprint: str) -> np.ndarray:
+    def _spent(con: sqlite3.Connection, fingerprint: str) -> list[de.DpEvent]:
+        """Every charge that counts (reserved or committed), as events; totals compose them."""
         rows = con.execute("SELECT event FROM charges WHERE fingerprint=? AND status != 'aborted'",
                            (fingerprint,)).fetchall()
-        total = np.zeros_like(ORDERS)
-        for (text,) in rows:
-            total = total + rdp_of(event_from_json(json.loads(text)))
-        return total
+        return [event_from_json(json.loads(text)) for (text,) in rows]
 
     def reserve(self, fingerprint: str, name: str, event: de.DpEvent) -> int:
         """Store the charge durably (committed) and return its id; refuse if over budget (stores nothing)."""
-        new = rdp_of(event)
+        text = json.dumps(event_to_json(event))  # refuses an event dptune cannot store, before the lock
         with self._write() as con:
             row = con.execute("SELECT epsilon, delta FROM budgets WHERE fingerprint=?", (fingerprint,)).fetchone()
             if row is None:
@@ -234,10 +231,10 @@ class Ledger:
                                   f"set one: python -m dptune.ledger set-budget --ledger {self.path} "
                                   f"--fingerprint {fingerprint} --epsilon E --delta D (or pass --budget-epsilon)")
             budget_eps, budget_delta = float(row[0]), float(row[1])
-            spent = self._spent_rdp(con, fingerprint)
-            total_eps = epsilon_from_rdp(spent + new, budget_delta)[0]
+            spent = self._spent(con, fingerprint)
+            total_eps = composed_epsilon([*spent, event], budget_delta)
             if total_eps > budget_eps:
-                spent_eps = epsilon_from_rdp(spent, budget_delta)[0] if spent.any() else 0.0
+                spent_eps = composed_epsilon(spent, budget_delta)
                 raise BudgetExceeded(
                     "budget",
                     f"this charge would bring dataset {fingerprint[:12]} to ε = {total_eps:.4g} (δ = {budget_delta:g}), "
@@ -245,12 +242,11 @@ class Ledger:
                     "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
                     "noise) or raise the budget with `python -m dptune.ledger set-budget`",
                 )
-            eps_alone = epsilon_from_rdp(new, budget_delta)[0]
+            eps_alone = composed_epsilon([event], budget_delta)
             cur = con.execute(
                 "INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256) "
                 "VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?)",
-                (fingerprint, name, json.dumps(event_to_json(event)), eps_alone, time.time(), secrets.token_hex(16),
-                 event_sha256(event)))
+                (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event)))
             assert cur.lastrowid is not None
             return int(cur.lastrowid)
 
@@ -301,10 +297,9 @@ class Ledger:
             delta = b[1] if b else 1e-5
         con = self._connect()
         try:
-            rdp = self._spent_rdp(con, fingerprint)
+            return composed_epsilon(self._spent(con, fingerprint), delta)
         finally:
             con.close()
-        return epsilon_from_rdp(rdp, delta)[0] if rdp.any() else 0.0
 
     def fingerprints(self) -> list[str]:
         rows = self._read("SELECT fingerprint FROM budgets UNION SELECT fingerprint FROM charges")
