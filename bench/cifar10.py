@@ -123,14 +123,16 @@ def build_config(args: argparse.Namespace, n_train: int) -> tuple[TrialConfig, d
         if args.noise_multiplier is not None:
             raise SystemExit("error: --noise-multiplier and a target ε (--target-epsilon/--seed-setting) exclude "
                              "each other")
-        sigma = calibrate_noise_multiplier([], q, t_full, args.delta, float(target))  # bisection on ε(σ)
+        sigma = calibrate_noise_multiplier([], sampling_rate=q, steps=t_full, delta=args.delta,
+                                           target_epsilon=float(target))  # bisection on ε(σ)
         cfg = cfg.replace(noise_multiplier=sigma)
     cap = SMOKE_STEPS if args.smoke and args.steps is None else args.steps
     steps = t_full if cap is None else min(cap, t_full)
     run_cfg = cfg if steps == t_full else cfg.replace(epochs=steps * cfg.batch_size / n_train)
     assert trial_steps(epochs=run_cfg.epochs, batch_size=run_cfg.batch_size, basis=n_train) == steps
     info = {"q": q, "steps_full": t_full, "steps_planned": steps, "target_epsilon": target,
-            "epsilon_full": epsilon(trial_event(cfg.noise_multiplier, q, t_full, None), args.delta)}
+            "epsilon_full": epsilon([trial_event(noise_multiplier=cfg.noise_multiplier, sampling_rate=q, steps=t_full,
+                                                 score_noise=None)], args.delta)}
     return run_cfg, info
 
 
@@ -216,7 +218,8 @@ def run(args: argparse.Namespace, data_path: Path) -> dict[str, Any]:
         "peak_memory_gib": mem_gib, "peak_memory_kind": mem_kind,
         "test_accuracy": result.test_accuracy, "val_accuracy": result.val_accuracy_raw,
         "diverged": result.diverged,
-        "epsilon": epsilon(trial_event(cfg.noise_multiplier, info["q"], max(result.steps, 1), None), args.delta),
+        "epsilon": epsilon([trial_event(noise_multiplier=cfg.noise_multiplier, sampling_rate=info["q"],
+                                        steps=max(result.steps, 1), score_noise=None)], args.delta),
         "epsilon_full": info["epsilon_full"],
     }
     out["seconds_full_run_extrapolated"] = out["seconds_per_epoch"] * info["steps_full"] / steps_per_epoch

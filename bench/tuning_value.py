@@ -52,12 +52,12 @@ from dptune.accounting import (  # noqa: E402
     StoppingRule,
     advise,
     calibrate_noise_multiplier,
-    epsilon_from_rdp,
+    calibrate_sigma,
+    epsilon,
     plan_search,
-    rdp_of,
+    stopping_rule,
     trial_event,
 )
-from dptune.accounting._advice import search_event_for  # noqa: E402
 from dptune.config import (  # noqa: E402
     ConfigError,
     SearchSpace,
@@ -123,33 +123,29 @@ def bench_space(epochs: float, score_noise: float, sigma: float, fraction: float
 
 
 def eps_of(event: de.DpEvent) -> float:
-    return epsilon_from_rdp(rdp_of(event), DELTA)[0]
+    return epsilon([event], DELTA)
 
 
 def composed_eps(events: list[de.DpEvent]) -> float:
-    return epsilon_from_rdp(np.sum([rdp_of(e) for e in events], axis=0), DELTA)[0]
+    return epsilon(events, DELTA)
 
 
 def search_event(space: SearchSpace, rule: StoppingRule, sigma: float, fraction: float) -> de.DpEvent:
     """The charge of the search exactly as dptune.search/plan compute it (worst case over the space)."""
-    if fraction == 1.0:
-        return plan_search(space, N_TRAIN, rule, sigma_low=sigma, compare=False).search_event
-    return search_event_for(space, N_TRAIN, rule, sigma, space.fixed.score_noise, fraction)
+    space = dataclasses.replace(space, tune_fraction=fraction)
+    return plan_search(space, N_TRAIN, rule, sigma_low=sigma, compare=False).search_event
 
 
 def sigma_for_budget(space: SearchSpace, rule: StoppingRule, fraction: float, budget: float) -> float:
-    """Smallest trial σ (to 0.2 %) whose exact search event (rdp_of) costs ≤ budget (bisection in log σ)."""
+    """Smallest trial σ (to 0.2 %) whose exact search event costs ≤ budget (dptune's calibrate_sigma)."""
     def cost(s: float) -> float:
         return eps_of(search_event(space, rule, s, fraction))
 
-    lo, hi = 0.3, 2000.0
-    if cost(hi) > budget:
-        raise ConfigError("budget", f"the search cannot fit ε = {budget:.3g} even at σ = {hi:g}",
+    sigma = calibrate_sigma(cost, target_epsilon=budget, lo=0.3, hi=2000.0, rel_tol=0.002)
+    if sigma is None:
+        raise ConfigError("budget", f"the search cannot fit ε = {budget:.3g} even at σ = 2000",
                           "raise the budget or the score noise")
-    while hi / lo > 1.002:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if cost(mid) <= budget else (mid, hi)
-    return hi
+    return sigma
 
 
 @dataclass(frozen=True)
@@ -176,11 +172,11 @@ class EpsPlan:
 
 
 def _advice_pick(space: SearchSpace, eps: float, fraction: float) -> tuple[StoppingRule, float, float, str]:
-    adv = advise(space, N_TRAIN, eps, fractions=(fraction,), means=MEANS)
+    adv = advise(space, N_TRAIN, target_epsilon=eps, fractions=(fraction,), means=MEANS)
     best = adv.best
     if best is None or best.score_noise is None:
         # documented fallback rule: Poisson mean 2, σ_s = 9 (5 % of the 180 validation examples), half the budget
-        return StoppingRule("poisson", 2.0), 9.0, 0.5, f"fallback (planner found no fitting plan: {adv.verdict})"
+        return stopping_rule("poisson", mean=2.0), 9.0, 0.5, f"fallback (planner found no fitting plan: {adv.verdict})"
     return best.stopping, float(best.score_noise), float(best.search_share), (
         f"advise: {best.label()}, proxy {best.proxy:+.3f}; verdict: {adv.verdict}")
 
@@ -188,11 +184,14 @@ def _advice_pick(space: SearchSpace, eps: float, fraction: float) -> tuple[Stopp
 def make_plan(eps: float, epochs: float) -> EpsPlan:
     digits = load_space(DIGITS_SPACE)
     d = digits.default
-    sig_a = calibrate_noise_multiplier([], sampling_rate(batch_size=d.batch_size, basis=N_FINAL),
-                                       trial_steps(epochs=epochs, batch_size=d.batch_size, basis=N_FINAL), DELTA, eps)
+    sig_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=N_FINAL),
+                                       steps=trial_steps(epochs=epochs, batch_size=d.batch_size, basis=N_FINAL),
+                                       delta=DELTA, target_epsilon=eps)
     probe = bench_space(epochs, 9.0, 0.5)
     b2 = probe.default.batch_size
-    sig_a2 = calibrate_noise_multiplier([], sampling_rate(batch_size=b2, basis=N_FINAL), trial_steps(epochs=epochs, batch_size=b2, basis=N_FINAL), DELTA, eps)
+    sig_a2 = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=b2, basis=N_FINAL),
+                                        steps=trial_steps(epochs=epochs, batch_size=b2, basis=N_FINAL),
+                                        delta=DELTA, target_epsilon=eps)
     notes = []
     searches: dict[str, SearchPlan] = {}
 
@@ -203,7 +202,7 @@ def make_plan(eps: float, epochs: float) -> EpsPlan:
     searches["b"] = SearchPlan("b", rule, sn, 1.0, share, sig, ev, eps_of(ev), src)
 
     # (c): no final training; K ≥ 1 needed (K = 0 would release no model), so TNB logarithmic with the same mean
-    rule_c = StoppingRule("tnb", rule.mean, 0.0)
+    rule_c = stopping_rule("tnb", mean=rule.mean, eta=0.0)
     sig_c = sigma_for_budget(sp, rule_c, 1.0, eps)
     ev_c = search_event(sp, rule_c, sig_c, 1.0)
     searches["c"] = SearchPlan("c", rule_c, sn, 1.0, 1.0, sig_c, ev_c, eps_of(ev_c),
@@ -213,7 +212,7 @@ def make_plan(eps: float, epochs: float) -> EpsPlan:
     for f in FRACTIONS_D:
         try:
             probe_f = bench_space(epochs, 9.0, 0.5, f)
-            adv = advise(probe_f, N_TRAIN, eps, fractions=(f,), means=MEANS)
+            adv = advise(probe_f, N_TRAIN, target_epsilon=eps, fractions=(f,), means=MEANS)
         except ConfigError as e:
             notes.append(f"(d) f = {f:g} not priced: {e}")
             continue
@@ -231,7 +230,7 @@ def make_plan(eps: float, epochs: float) -> EpsPlan:
                                           ev_f, eps_of(ev_f), f"advise (f ∈ {FRACTIONS_D}): {c.label()}, "
                                           f"proxy {c.proxy:+.3f}"))
     if best_d is None:
-        rule_d, f = StoppingRule("poisson", 2.0), FRACTIONS_D[0]
+        rule_d, f = stopping_rule("poisson", mean=2.0), FRACTIONS_D[0]
         spf = bench_space(epochs, 9.0, 0.5, f)
         sig_f = sigma_for_budget(spf, rule_d, f, 0.5 * eps)
         ev_f = search_event(spf, rule_d, sig_f, f)
@@ -257,11 +256,11 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
     import torch
 
     from dptune._search.draw import make_draw
-    from dptune.accounting import transfer_config
-    from dptune.accounting._subsample import subsample_steps
     from dptune.config import DatasetSpec
     from dptune.data import load_dataset, poisson_subsample
     from dptune.dpsgd import run_trial
+    from dptune.release import released_params, select_best
+    from dptune.trials import TrialRow
 
     torch.set_num_threads(threads)
     t0 = time.time()
@@ -277,8 +276,8 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
     def final_run(cfg: Any, prior: list[de.DpEvent]) -> dict[str, Any]:
         q = sampling_rate(batch_size=cfg.batch_size, basis=N_FINAL)
         steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_FINAL)
-        sigma = calibrate_noise_multiplier(prior, q, steps, DELTA, eps)
-        ev = trial_event(sigma, q, steps, None)
+        sigma = calibrate_noise_multiplier(prior, sampling_rate=q, steps=steps, delta=DELTA, target_epsilon=eps)
+        ev = trial_event(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=None)
         total = composed_eps([*prior, ev])
         assert total <= eps * (1 + 1e-9), f"composed ε {total} > target {eps}"
         r = run_trial(cfg.replace(noise_multiplier=sigma, seed=train_seed, score_noise=None), merged,
@@ -298,17 +297,17 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
         space = bench_space(epochs, sp_plan.score_noise, sp_plan.sigma, f)
         draw = make_draw(space, sp_plan.rule, seed=draw_seed)
         tune_data = data if f == 1.0 else poisson_subsample(data, f, seed=draw_seed + 17)
-        trials = []
+        trials, rows = [], []
         for t in draw.trials:
             cfg = space.trial_config(t["params"], seed=int(t["seed"]))
             r = run_trial(cfg, tune_data, evaluate_test=True, sampling_basis=f * N_TRAIN if f < 1 else None)
-            charged = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_TRAIN) if f == 1.0 else \
-                subsample_steps(cfg.epochs, cfg.batch_size, N_TRAIN, f)
+            charged = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=f * N_TRAIN)
             assert r.steps == charged, (r.steps, charged)
             trials.append({"params": t["params"], "score": r.score, "val_raw": r.val_accuracy_raw,
                            "test": float(r.test_accuracy or 0.0)})
-        scored = [(tr["score"] if math.isfinite(tr["score"]) else -math.inf, -i) for i, tr in enumerate(trials)]
-        best_i = -max(scored)[1] if trials else None
+            rows.append(TrialRow(index=len(rows), params=t["params"], seed=str(t["seed"]), score=r.score))
+        best = select_best(rows)  # dptune.release: the search's own selection rule
+        best_i = None if best is None else best.index
         row: dict[str, Any] = {"k": draw.k, "trials": trials, "eps_search": sp_plan.epsilon,
                                "sigma_search": sp_plan.sigma, "subsample_n": int(len(tune_data.train[1]))}
         if mode == "c":
@@ -317,10 +316,7 @@ def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
                        batch_size=trials[best_i]["params"]["batch_size"], lr=trials[best_i]["params"]["learning_rate"])
             assert sp_plan.epsilon <= eps * (1 + 1e-9)
         else:
-            params = dict(trials[best_i]["params"]) if best_i is not None else \
-                {k: getattr(space.default, k) for k in space.space}  # K = 0: the space's default (rule 1)
-            if f < 1:
-                params = transfer_config(params, f, N_FINAL)
+            params, _ = released_params(space, best, N_FINAL)  # K = 0 default, subsample transfer rule
             final_cfg = bench_space(epochs, sp_plan.score_noise, sp_plan.sigma).fixed.replace(**params)
             row.update(final_run(final_cfg, [sp_plan.event]))
         out["modes"][mode] = row

@@ -5,10 +5,18 @@ Papernot–Steinke random-stopping theorem (ICLR 2022). Importing this package i
 and Ray load only in the modules that need them.
 """
 
-from dptune.accounting import Plan, StoppingRule, plan_search, sigma_floor
-from dptune.certificate import Certificate, load_certificate
-from dptune.config import ConfigError, SearchSpace, TrialConfig, load_space
-from dptune.ledger import Ledger
+import logging as _logging
+
+# dp_accounting logs one warning per RDP order whose series does not converge (that order is then left
+# out of the minimum, which is safe): noise for dptune's users, dropped here and only here.
+_logging.getLogger("absl").addFilter(lambda record: "failed to converge" not in record.getMessage())
+
+from dptune.accounting import Plan, StoppingRule, plan_search, sigma_floor  # noqa: E402
+from dptune.api import SearchResult, plan, search, train  # noqa: E402
+from dptune.certificate import Certificate, load_certificate  # noqa: E402
+from dptune.config import SearchSpace, TrialConfig, load_space  # noqa: E402
+from dptune.errors import ConfigError  # noqa: E402
+from dptune.ledger import Ledger  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -17,11 +25,15 @@ __all__ = [
     "ConfigError",
     "Ledger",
     "Plan",
+    "SearchResult",
     "SearchSpace",
     "StoppingRule",
     "TrialConfig",
     "load_certificate",
     "load_space",
+    "plan",
     "plan_search",
+    "search",
     "sigma_floor",
+    "train",
 ]

@@ -19,20 +19,11 @@ from dp_accounting import dp_event as de
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dptune.accounting import StoppingRule, epsilon
+from dptune.accounting import StoppingRule, comparison_rules, epsilon, subsampled_search_event
 
 __all__ = ["DEFAULT_MEANS", "ledger_figure", "score_figure", "stopping_rule_figure", "stopping_rule_table"]
 
 DEFAULT_MEANS: tuple[int, ...] = tuple(range(1, 31))
-
-# (label, kind, eta) of the rules compared; composition is the baseline random stopping must beat.
-_RULES: tuple[tuple[str, str, float], ...] = (
-    ("Poisson", "poisson", 1.0),
-    ("TNB η=0 (logarithmic)", "tnb", 0.0),
-    ("TNB η=1 (geometric)", "tnb", 1.0),
-    ("composition (K fixed, every trial charged)", "composed", 1.0),
-)
-
 
 def _png(fig: Figure, out: str | Path | None) -> bytes:
     FigureCanvasAgg(fig)  # attaches the Agg canvas to the figure
@@ -48,40 +39,44 @@ def _png(fig: Figure, out: str | Path | None) -> bytes:
 # (b) ε against the mean number of trials, per stopping rule
 
 
-def stopping_rule_table(trial_event: de.DpEvent, delta: float,
-                        means: Sequence[float] = DEFAULT_MEANS) -> dict[str, list[tuple[float, float]]]:
-    """ε of the whole search at ``delta`` for each stopping rule and mean: ``{label: [(mean, ε), ...]}``.
+def stopping_rule_table(trial_event: de.DpEvent, delta: float, means: Sequence[float] = DEFAULT_MEANS, *,
+                        tune_fraction: float = 1.0) -> dict[str, list[tuple[float, float]]]:
+    """ε of the whole search at ``delta`` for each stopping rule and mean: ``{family: [(mean, ε), ...]}``.
 
-    Composition is evaluated at whole numbers of trials only (round(mean), deduplicated). Each point goes
-    through :meth:`StoppingRule.search_event` and :func:`dptune.accounting.epsilon`, i.e. exactly what
-    the planner, the ledger and the certificate charge.
+    The rules are the catalogue's (``comparison_rules``; composition, the baseline random stopping must beat,
+    at whole numbers of trials only). Each point goes through :meth:`StoppingRule.search_event`, the
+    subsampling of ``tune_fraction`` and :func:`dptune.accounting.epsilon`, i.e. exactly what the planner,
+    the ledger and the certificate charge.
     """
-    out: dict[str, list[tuple[float, float]]] = {}
-    for label, kind, eta in _RULES:
-        xs = sorted({float(max(1, round(m))) for m in means}) if kind == "composed" else sorted({float(m) for m in means})
-        out[label] = [(m, epsilon(StoppingRule(kind, m, eta).search_event(trial_event), delta)) for m in xs]
-    return out
+    table: dict[str, dict[float, float]] = {}
+    for m in means:
+        for rule in comparison_rules(m):
+            charge = subsampled_search_event(rule.search_event(trial_event), fraction=tune_fraction)
+            table.setdefault(rule.family(), {})[float(rule.mean)] = epsilon([charge], delta)
+    return {family: sorted(points.items()) for family, points in table.items()}
 
 
 def stopping_rule_figure(trial_event: de.DpEvent, delta: float, means: Sequence[float] = DEFAULT_MEANS,
-                         out: str | Path | None = None, *, mark: StoppingRule | None = None) -> bytes:
+                         out: str | Path | None = None, *, mark: StoppingRule | None = None,
+                         tune_fraction: float = 1.0) -> bytes:
     """PNG of ε (at ``delta``) against the mean number of trials for Poisson, TNB η=0, TNB η=1 and composition.
 
     ``trial_event``: one (worst-case) trial, e.g. ``Plan.trial_event`` or the ``.event`` of a
     certificate's search event. ``means``: the x values (each ≥ 1). ``out``: also write the PNG there.
-    ``mark``: a rule to highlight (the one a run used). Returns the PNG bytes.
+    ``mark``: a rule to highlight (the one a run used). ``tune_fraction``: the run's subsample (1: none).
+    Returns the PNG bytes.
     """
     if not means or any(not (math.isfinite(m) and m >= 1) for m in means):
         raise ValueError(f"means must be finite and >= 1, got {list(means)!r}")
-    table = stopping_rule_table(trial_event, delta, means)
+    table = stopping_rule_table(trial_event, delta, means, tune_fraction=tune_fraction)
     fig = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = fig.add_subplot()
     styles = ("o-", "s-", "^-", "k--")
-    for (label, points), style in zip(table.items(), styles):
+    for i, (label, points) in enumerate(table.items()):
         xs, ys = zip(*points)
-        ax.plot(xs, ys, style, label=label, markersize=3, linewidth=1.4)
+        ax.plot(xs, ys, styles[i % len(styles)], label=label, markersize=3, linewidth=1.4)
     if mark is not None:
-        eps = epsilon(mark.search_event(trial_event), delta)
+        eps = epsilon([subsampled_search_event(mark.search_event(trial_event), fraction=tune_fraction)], delta)
         ax.plot([mark.mean], [eps], "*", color="crimson", markersize=16, zorder=5,
                 label=f"this run: {mark.label()}, ε = {eps:.3g}")
     ax.set_xlabel("mean number of trials E[K]")

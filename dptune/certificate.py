@@ -1,31 +1,58 @@
 """Privacy certificates: what was released, under which events, at what (ε, δ). Never the drawn K.
 
-``verify`` recomputes ε from the stored events and fails on any mismatch, so a certificate cannot claim
-less than its events cost.
+A certificate is a *claim* with two independent checks:
+
+* anyone can recompute ε from the stored events (``verify``): a certificate cannot state less than its
+  events cost;
+* the curator's ledger authenticates it (``binding``): every event is bound to the ledger charge that paid
+  for it (the charge's random token and the event's hash), under an HMAC with the curator key kept beside
+  the ledger. An edited certificate with recomputed ε, or one copied from another, cheaper search, fails
+  ``verify_binding`` — and ``dptune.train`` refuses it before calibrating anything from it.
+
+Nothing in a certificate is computed from the private data: the dataset is named by a random id, the
+charges by random tokens, and the date is the reservation's day (no time of day: a start and an end time
+would give the search's duration, and so roughly K).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting import epsilon_from_rdp, event_from_json, event_to_json, rdp_of
-from dptune.config import ConfigError
+from dptune.accounting import epsilon, event_from_json, event_to_json
+from dptune.errors import ConfigError
 
-__all__ = ["Certificate", "CertificateError", "load_certificate"]
+if TYPE_CHECKING:
+    from dptune.ledger import Charge, Ledger
 
-FORMAT = "dptune-certificate/1"
+__all__ = ["Certificate", "CertificateError", "guarantee", "load_certificate", "verify_binding"]
+
+FORMAT = "dptune-certificate/2"
+_FORBIDDEN = {"k", "K", "num_trials_drawn", "trials_drawn", "trials_run"}
 
 
 class CertificateError(ConfigError):
     pass
+
+
+def guarantee(*, reproducible: bool) -> dict[str, Any]:
+    """What the (ε, δ) of a dptune certificate covers, in words (README "What a certificate means")."""
+    return {
+        "neighbouring_relation": "add or remove one example of the training split or of the validation split; "
+                                 "the split sizes are treated as public",
+        "covers": "every output released under this certificate: the selected configuration, its noised "
+                  "validation score and (if released) its checkpoint; after final training, the final model",
+        "not_covered": "test-split accuracy (a non-private held-out evaluation, not charged); anything in sealed/",
+        "reproducible": bool(reproducible),
+        **({"warning": "NOT PRIVATE: the run's randomness was fixed (--seed or a test hook), so its noise is "
+                       "known and the stated (epsilon, delta) does not hold"} if reproducible else {}),
+    }
 
 
 def _versions() -> dict[str, str]:
@@ -42,38 +69,71 @@ def _versions() -> dict[str, str]:
 class Certificate:
     """``events`` are composed (RDP) to give ``epsilon`` at ``delta``; each has a role label."""
 
-    dataset_fingerprint: str
+    dataset_id: str
     delta: float
     events: list[tuple[str, de.DpEvent]]
     epsilon: float
     stopping: dict[str, Any]
     details: dict[str, Any] = field(default_factory=dict)
+    guarantee: dict[str, Any] = field(default_factory=lambda: guarantee(reproducible=False))
+    binding: dict[str, Any] = field(default_factory=dict)  # {"charges": [{role, token, event_sha256}], "mac"}
+    created: str = ""  # the day of the reservation, YYYY-MM-DD
     versions: dict[str, str] = field(default_factory=_versions)
-    created: float = field(default_factory=time.time)
 
     @classmethod
-    def build(cls, dataset_fingerprint: str, delta: float, events: list[tuple[str, de.DpEvent]],
-              stopping: dict[str, Any], details: dict[str, Any] | None = None) -> Certificate:
-        forbidden = {"k", "K", "num_trials_drawn", "trials_drawn"} & set(stopping) | (
-            {"k", "K", "num_trials_drawn", "trials_drawn"} & set(details or {}))
+    def build(cls, dataset_id: str, delta: float, events: list[tuple[str, de.DpEvent]],
+              stopping: dict[str, Any], details: dict[str, Any] | None = None, *, reproducible: bool = False,
+              created: str = "") -> Certificate:
+        forbidden = _FORBIDDEN & (set(stopping) | set(details or {}))
         if forbidden:
             raise ValueError(f"a certificate must not reveal the drawn number of trials ({forbidden})")
-        eps = compose_epsilon([e for _, e in events], delta)
-        return cls(dataset_fingerprint, float(delta), list(events), eps, dict(stopping), dict(details or {}))
+        eps = epsilon([e for _, e in events], delta)
+        return cls(dataset_id, float(delta), list(events), eps, dict(stopping), dict(details or {}),
+                   guarantee(reproducible=reproducible), {}, created)
+
+    # --- binding to the ledger -----------------------------------------------------------------------
+
+    def _bound_message(self, charges: list[dict[str, str]]) -> bytes:
+        return json.dumps({"format": FORMAT, "dataset_id": self.dataset_id, "delta": self.delta,
+                           "charges": charges}, sort_keys=True, separators=(",", ":")).encode()
+
+    def bind(self, ledger: Ledger, tokens: list[str]) -> Certificate:
+        """This certificate bound to the ledger charges ``tokens`` (one per event, same order)."""
+        from dptune.ledger import event_sha256
+
+        if len(tokens) != len(self.events):
+            raise ValueError("one ledger charge per certificate event")
+        charges = [{"role": role, "token": t, "event_sha256": event_sha256(e)}
+                   for (role, e), t in zip(self.events, tokens, strict=True)]
+        return replace(self, binding={"charges": charges, "mac": ledger.mac(self._bound_message(charges))})
+
+    def compose_with(self, role: str, event: de.DpEvent, details: dict[str, Any] | None = None) -> Certificate:
+        """A new (unbound) certificate whose events are these plus ``event`` (e.g. the final training)."""
+        merged = {**self.details, **(details or {})}
+        out = Certificate.build(self.dataset_id, self.delta, [*self.events, (role, event)], self.stopping, merged,
+                                reproducible=bool(self.guarantee.get("reproducible")), created=self.created)
+        return replace(out, binding={"charges": list(self.binding.get("charges", []))})
+
+    def tokens(self) -> list[str]:
+        return [str(c["token"]) for c in self.binding.get("charges", [])]
+
+    # --- files ---------------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "dataset_fingerprint": self.dataset_fingerprint,
+            "dataset_id": self.dataset_id,
             "epsilon": self.epsilon,
             "delta": self.delta,
             "accountant": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
+            "guarantee": self.guarantee,
             "stopping": self.stopping,
             "events": [{"role": role, "event": event_to_json(e),
-                        "epsilon_alone": compose_epsilon([e], self.delta)} for role, e in self.events],
+                        "epsilon_alone": epsilon([e], self.delta)} for role, e in self.events],
             "details": self.details,
-            "versions": self.versions,
+            "binding": self.binding,
             "created": self.created,
+            "versions": self.versions,
         }
 
     def save(self, path: str | Path) -> None:
@@ -81,7 +141,7 @@ class Certificate:
 
     def verify(self) -> None:
         """Recompute ε from the events; raise if the stated ε differs."""
-        recomputed = compose_epsilon([e for _, e in self.events], self.delta)
+        recomputed = epsilon([e for _, e in self.events], self.delta)
         if not (math.isfinite(self.epsilon) and math.isclose(recomputed, self.epsilon, rel_tol=1e-6, abs_tol=1e-9)):
             raise CertificateError(
                 "certificate.epsilon",
@@ -89,16 +149,31 @@ class Certificate:
                 "the certificate was modified or is corrupt; use the one the search released",
             )
 
-    def compose_with(self, role: str, event: de.DpEvent, details: dict[str, Any] | None = None) -> Certificate:
-        """A new certificate whose events are these plus ``event`` (e.g. the final training)."""
-        merged = {**self.details, **(details or {})}
-        return Certificate.build(self.dataset_fingerprint, self.delta, [*self.events, (role, event)],
-                                 self.stopping, merged)
 
+def verify_binding(cert: Certificate, ledger: Ledger) -> list[Charge]:
+    """The ledger charges that paid for ``cert``'s events; :class:`CertificateError` unless the curator key
+    authenticates the binding and every event is the very event its (non-aborted) charge stored."""
+    from dptune.ledger import event_sha256
 
-def compose_epsilon(events: list[de.DpEvent], delta: float) -> float:
-    total = sum((rdp_of(e) for e in events), start=rdp_of(de.NoOpDpEvent()))
-    return epsilon_from_rdp(total, delta)[0]
+    charges = cert.binding.get("charges")
+    fix = "use the certificate the search (or final training) wrote, unmodified, with the ledger that charged it"
+    if not isinstance(charges, list) or len(charges) != len(cert.events) or "mac" not in cert.binding:
+        raise CertificateError("certificate.binding", "is missing or does not cover every event", fix)
+    if not ledger.verify_mac(cert._bound_message(charges), cert.binding["mac"]):
+        raise CertificateError("certificate.binding", f"is not authenticated by the curator key of {ledger.path}",
+                               fix)
+    fingerprint = ledger.fingerprint_of(cert.dataset_id)
+    found = []
+    for (role, event), c in zip(cert.events, charges, strict=True):
+        charge = ledger.charge_by_token(str(c.get("token")))
+        if (charge is None or c.get("role") != role or c.get("event_sha256") != event_sha256(event)
+                or event_sha256(charge.event) != event_sha256(event) or charge.fingerprint != fingerprint):
+            raise CertificateError("certificate.events", f"the {role!r} event is not the charge {ledger.path} "
+                                   "holds for it", fix)
+        if charge.status == "aborted":
+            raise CertificateError("certificate.binding", f"the {role!r} charge was aborted", "run a new search")
+        found.append(charge)
+    return found
 
 
 def load_certificate(path: str | Path, verify: bool = True) -> Certificate:
@@ -111,14 +186,13 @@ def load_certificate(path: str | Path, verify: bool = True) -> Certificate:
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r} is not {FORMAT}")
         events = [(str(x["role"]), event_from_json(x["event"])) for x in data["events"]]
-        cert = Certificate(str(data["dataset_fingerprint"]), float(data["delta"]), events, float(data["epsilon"]),
-                           dict(data["stopping"]), dict(data.get("details", {})), dict(data.get("versions", {})),
-                           float(data.get("created", 0.0)))
+        cert = Certificate(str(data["dataset_id"]), float(data["delta"]), events, float(data["epsilon"]),
+                           dict(data["stopping"]), dict(data.get("details", {})), dict(data["guarantee"]),
+                           dict(data.get("binding", {})), str(data.get("created", "")),
+                           dict(data.get("versions", {})))
     except (ValueError, KeyError, TypeError) as e:
         raise CertificateError("certificate", f"{str(p)!r} is not a valid dptune certificate ({e})",
                                "use the certificate.json the search released, unmodified") from e
     if verify:
         cert.verify()
     return cert
-
-

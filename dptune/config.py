@@ -16,7 +16,8 @@ from typing import Any
 import optuna.distributions as od
 import yaml
 
-from dptune.errors import ConfigError, check_delta, check_positive
+from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
+from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
 
 __all__ = [
     "ConfigError",
@@ -27,13 +28,14 @@ __all__ = [
     "load_space",
     "nominal_train_size",
     "parse_space",
+    "support_extremes",
+    "support_values",
 ]
 
 MODELS = ("gn_cnn", "resnet9", "wrn16_4")
 DATASETS = ("digits", "cifar10", "imagefolder")
 OPTIMIZERS = ("sgd", "nadam", "adam")
 CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost")
-STOPPING_RULES = ("poisson", "tnb", "composed")
 ACCOUNTING_MODES = ("random_stopping", "composed")
 SEARCHERS = ("random", "tpe")
 SCHEDULERS = ("fifo", "asha")
@@ -101,11 +103,11 @@ class TrialConfig:
         values = {}
         for f in dataclasses.fields(cls):
             if f.name in data:
-                values[f.name] = _coerce(f"{where}.{f.name}", data[f.name], f.type)
+                values[f.name] = coerce_value(f"{where}.{f.name}", data[f.name], f.type)
         return cls(**values)
 
 
-def _coerce(name: str, value: Any, type_: Any) -> Any:
+def coerce_value(name: str, value: Any, type_: Any) -> Any:
     t = str(type_)
     if value is None:
         if "None" in t:
@@ -236,15 +238,32 @@ def _section(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> dict
 
 
 def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
+    """A validated :class:`SearchSpace` from a YAML mapping (ConfigError naming the key otherwise)."""
     if not isinstance(raw, Mapping):
         raise ConfigError("search space", "the file is not a YAML mapping", "see search_spaces/digits.yaml")
     unknown = sorted(set(raw) - set(_TOP_KEYS))
     if unknown:
         raise ConfigError(unknown[0], "unknown top-level key", f"use only: {', '.join(_TOP_KEYS)}")
     name = raw.get("name") or (Path(source).stem if source else "space")
+    dataset = _parse_dataset(raw)
+    privacy_raw = _section(raw, "privacy", tuple(f.name for f in dataclasses.fields(PrivacySpec)))
+    privacy = PrivacySpec(**{k: coerce_value(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
+                             for k, v in privacy_raw.items()})
+    check_privacy(privacy, public_validation=dataset.public_validation)
+    fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.score_noise)
+    space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
+                            privacy=privacy, source=source, **_parse_search(raw))
+    check_adaptive(space_obj)
+    # every reachable config must itself be valid (e.g. sigma > 0 at the range's lower bound)
+    for k, dist in space.items():
+        for v in support_extremes(dist):
+            fixed.replace(**{k: v})
+    return space_obj
 
+
+def _parse_dataset(raw: Mapping[str, Any]) -> DatasetSpec:
     ds = _section(raw, "dataset", tuple(f.name for f in dataclasses.fields(DatasetSpec)))
-    dataset = DatasetSpec(**{k: _coerce(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
+    dataset = DatasetSpec(**{k: coerce_value(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
                              for k, v in ds.items()})
     if dataset.name not in DATASETS:
         raise ConfigError("dataset.name", f"unknown dataset {dataset.name!r}", f"use one of: {', '.join(DATASETS)}")
@@ -253,13 +272,13 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     for k in ("validation_size", "test_size"):
         if getattr(dataset, k) < 1:
             raise ConfigError(f"dataset.{k}", "must be >= 1", "choose a positive number of examples")
+    return dataset
 
-    privacy_raw = _section(raw, "privacy", tuple(f.name for f in dataclasses.fields(PrivacySpec)))
-    privacy = PrivacySpec(**{k: _coerce(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
-                             for k, v in privacy_raw.items()})
-    check_privacy(privacy, public_validation=dataset.public_validation)
-    score_noise = None if dataset.public_validation else privacy.score_noise
 
+def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
+                  ) -> tuple[TrialConfig, dict[str, od.BaseDistribution]]:
+    """The fixed settings with the searched keys at their default values (released when K = 0), and the
+    searched distributions."""
     model_raw = _section(raw, "model", ("name", "scale_norm", "fix_batchnorm"))
     for key in INTERNAL_FIELDS:
         for section in ("fixed", "default"):
@@ -267,57 +286,41 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
                 raise ConfigError(f"{section}.{key}", "is internal to dptune (set per trial from the sealed draw "
                                   "and the planner), not a setting", f"remove {section}.{key} from the space")
     fixed_raw = _section(raw, "fixed", tuple(f.name for f in dataclasses.fields(TrialConfig)))
+    if "score_noise" in fixed_raw:
+        raise ConfigError("fixed.score_noise", "score noise is a privacy setting", "set privacy.score_noise")
     base: dict[str, Any] = dict(fixed_raw)
     if "name" in model_raw:
         base["model"] = model_raw["name"]
-    for k in ("scale_norm", "fix_batchnorm"):
-        if k in model_raw:
-            base[k] = model_raw[k]
+    base.update({k: model_raw[k] for k in ("scale_norm", "fix_batchnorm") if k in model_raw})
     base["score_noise"] = score_noise
-    if "score_noise" in fixed_raw:
-        raise ConfigError("fixed.score_noise", "score noise is a privacy setting", "set privacy.score_noise")
-
-    space_raw = _section(raw, "space", SEARCHABLE)
-    space = {k: _distribution(f"space.{k}", v) for k, v in space_raw.items()}
+    space = {k: parse_distribution(f"space.{k}", v) for k, v in _section(raw, "space", SEARCHABLE).items()}
     overlap = sorted(set(space) & set(fixed_raw))
     if overlap:
         raise ConfigError(f"fixed.{overlap[0]}", "is both fixed and searched", "remove it from `fixed` or `space`")
-
     default_raw = _section(raw, "default", SEARCHABLE)
     missing = sorted(set(space) - set(default_raw))
     if missing:
         raise ConfigError(f"default.{missing[0]}", "no default value for a searched hyperparameter",
                           "give the value released when the search draws no trial (K = 0)")
     fixed = TrialConfig.from_dict({**base, **default_raw}, where="fixed")
-    default = fixed
     for k, dist in space.items():
-        v = getattr(default, k)
-        if not dist._contains(dist.to_internal_repr(v)):
-            raise ConfigError(f"default.{k}", f"{v!r} is outside the searched range",
+        if not in_support(dist, getattr(fixed, k)):
+            raise ConfigError(f"default.{k}", f"{getattr(fixed, k)!r} is outside the searched range",
                               "choose a default inside space." + k)
+    return fixed, space
 
+
+def _parse_search(raw: Mapping[str, Any]) -> dict[str, Any]:
     search_raw = _section(raw, "search", ("accounting", "searcher", "scheduler", "tune_fraction"))
-    accounting = search_raw.get("accounting", "random_stopping")
-    searcher = search_raw.get("searcher", "random")
-    scheduler = search_raw.get("scheduler", "fifo")
-    if accounting not in ACCOUNTING_MODES:
-        raise ConfigError("search.accounting", f"unknown mode {accounting!r}", f"use one of: {', '.join(ACCOUNTING_MODES)}")
-    if searcher not in SEARCHERS:
-        raise ConfigError("search.searcher", f"unknown searcher {searcher!r}", f"use one of: {', '.join(SEARCHERS)}")
-    if scheduler not in SCHEDULERS:
-        raise ConfigError("search.scheduler", f"unknown scheduler {scheduler!r}", f"use one of: {', '.join(SCHEDULERS)}")
-    tune_fraction = _coerce("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
-    if not 0 < tune_fraction <= 1:
-        raise ConfigError("search.tune_fraction", f"{tune_fraction} is not in (0, 1]", "choose e.g. 0.25, or 1 for off")
-    space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=default,
-                            privacy=privacy, accounting=accounting, searcher=searcher, scheduler=scheduler,
-                            tune_fraction=tune_fraction, source=source)
-    check_adaptive(space_obj)
-    # every reachable config must itself be valid (e.g. sigma > 0 at the range's lower bound)
-    for k, dist in space.items():
-        for v in support_extremes(dist):
-            fixed.replace(**{k: v})
-    return space_obj
+    out = {"accounting": search_raw.get("accounting", "random_stopping"),
+           "searcher": search_raw.get("searcher", "random"), "scheduler": search_raw.get("scheduler", "fifo")}
+    for key, allowed in (("accounting", ACCOUNTING_MODES), ("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
+        if out[key] not in allowed:
+            raise ConfigError(f"search.{key}", f"unknown {key} {out[key]!r}", f"use one of: {', '.join(allowed)}")
+    tune_fraction = coerce_value("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
+    out["tune_fraction"] = check_unit_interval("search.tune_fraction", tune_fraction, "choose e.g. 0.25, or 1 for off",
+                                               include_one=True)
+    return out
 
 
 def nominal_train_size(spec: DatasetSpec) -> int | None:
@@ -327,15 +330,11 @@ def nominal_train_size(spec: DatasetSpec) -> int | None:
 
 
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
+    # privacy.stopping names a rule of dptune.accounting's catalogue, which checks it and its mean/eta
+    # (stopping_rule(...), called by every CLI before anything is charged)
     check_delta("privacy.delta", p.delta)
-    if p.stopping not in STOPPING_RULES:
-        raise ConfigError("privacy.stopping", f"unknown stopping rule {p.stopping!r}",
-                          f"use one of: {', '.join(STOPPING_RULES)}")
     if not (math.isfinite(p.mean) and p.mean >= 1):
         raise ConfigError("privacy.mean", f"{p.mean!r} is < 1", "choose a mean number of trials >= 1")
-    if p.stopping == "composed" and p.mean != int(p.mean):
-        raise ConfigError("privacy.mean", f"{p.mean!r} is not a whole number of trials",
-                          "composed accounting runs a fixed number of trials")
     if not (math.isfinite(p.eta) and p.eta >= 0):
         raise ConfigError("privacy.eta", f"{p.eta!r} is negative", "choose eta >= 0 (0 logarithmic, 1 geometric)")
     if not public_validation and p.score_noise is None:
@@ -362,61 +361,3 @@ def check_adaptive(s: SearchSpace) -> None:
     if s.accounting == "random_stopping" and s.privacy.stopping == "composed":
         raise ConfigError("search.accounting", "random_stopping with privacy.stopping: composed",
                           "set search.accounting: composed")
-
-
-_DIST_KEYS = {"float": ("type", "low", "high", "log", "step"), "int": ("type", "low", "high", "log", "step"),
-              "categorical": ("type", "choices")}
-
-
-def _distribution(name: str, spec: Any) -> od.BaseDistribution:
-    if isinstance(spec, list):
-        spec = {"type": "categorical", "choices": spec}
-    if not isinstance(spec, Mapping) or spec.get("type") not in _DIST_KEYS:
-        raise ConfigError(name, f"{spec!r} is not a distribution",
-                          "write {type: float|int, low: .., high: .., log: false} or {type: categorical, choices: [..]}")
-    unknown = sorted(set(spec) - set(_DIST_KEYS[spec["type"]]))
-    if unknown:
-        raise ConfigError(f"{name}.{unknown[0]}", "unknown key", f"use: {', '.join(_DIST_KEYS[spec['type']])}")
-    try:
-        if spec["type"] == "categorical":
-            choices = spec.get("choices")
-            if not isinstance(choices, list) or not choices:
-                raise ConfigError(f"{name}.choices", "must be a non-empty list", "list the values to try")
-            return od.CategoricalDistribution(choices)
-        if "low" not in spec or "high" not in spec:
-            raise ConfigError(name, "needs low and high", "give both bounds")
-        cls = od.FloatDistribution if spec["type"] == "float" else od.IntDistribution
-        kwargs = {k: spec[k] for k in ("low", "high", "log", "step") if k in spec}
-        if spec["type"] == "int" and kwargs.get("step") is None:
-            kwargs["step"] = 1
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as e:
-        raise ConfigError(name, str(e), "fix the distribution bounds (low <= high, low > 0 with log)") from e
-
-
-def support_extremes(dist: od.BaseDistribution) -> list[Any]:
-    """Values that bound a distribution: choices of a categorical, the bounds of a range."""
-    if isinstance(dist, od.CategoricalDistribution):
-        return list(dist.choices)
-    if isinstance(dist, od.FloatDistribution | od.IntDistribution):
-        return [dist.low, dist.high]
-    raise ConfigError("space", f"unsupported distribution {dist!r}", "use float, int or categorical")
-
-
-def support_values(dist: od.BaseDistribution, limit: int = 4096) -> list[Any]:
-    """Every value a finite distribution can take (categorical, int, stepped float)."""
-    if isinstance(dist, od.CategoricalDistribution):
-        return list(dist.choices)
-    if isinstance(dist, od.IntDistribution):
-        count = (dist.high - dist.low) // dist.step + 1
-        if count > limit:
-            raise ConfigError("space", f"int range {dist.low}..{dist.high} has {count} values",
-                              f"use a step or categorical choices (at most {limit} values)")
-        return list(range(dist.low, dist.high + 1, dist.step))
-    if isinstance(dist, od.FloatDistribution) and dist.step is not None:
-        count = int(round((dist.high - dist.low) / dist.step)) + 1
-        return [dist.low + i * dist.step for i in range(count)]
-    raise ConfigError("space", f"{dist!r} is continuous", "only finite distributions can be enumerated")
-

@@ -24,8 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dptune._cli import run_cli
+from dptune._cli import callable_module, run_cli
 from dptune.accounting import (
+    STOPPING_RULES,
     Advice,
     Plan,
     StoppingRule,
@@ -35,6 +36,7 @@ from dptune.accounting import (
     epsilon,
     plan_search,
     sigma_floor,
+    stopping_rule,
     worst_case_event,
 )
 from dptune.config import (
@@ -60,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-rate", type=float)
     p.add_argument("--steps", type=int)
     p.add_argument("--delta", type=float)
-    p.add_argument("--stopping", help="poisson | tnb | composed")
+    p.add_argument("--stopping", help=" | ".join(STOPPING_RULES))
     p.add_argument("--mean", type=float, help="mean number of trials (poisson, tnb)")
     p.add_argument("--eta", type=float, help="TNB shape: 0 logarithmic, 1 geometric (default 1)")
     p.add_argument("--trials", type=int, help="number of trials (composed)")
@@ -76,17 +78,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rule(args: argparse.Namespace, privacy: PrivacySpec) -> StoppingRule:
-    kind = args.stopping or privacy.stopping
-    if kind == "composed":
-        n = args.trials if args.trials is not None else (args.mean if args.mean is not None else privacy.mean)
-        if args.trials is not None and args.trials < 1:
-            raise ConfigError("--trials", f"{args.trials} is < 1", "run at least one trial")
-        return StoppingRule("composed", n)
-    mean = args.mean if args.mean is not None else privacy.mean
+    """The catalogue's rule from the flags, else the space's privacy settings; errors name what set them."""
+    name = args.stopping or privacy.stopping
+    cls = STOPPING_RULES.get(name)
+    trials = args.trials if cls is not None and not cls.random_stopping else None  # --trials: a fixed K
+    if trials is not None and trials < 1:
+        raise ConfigError("--trials", f"{trials} is < 1", "run at least one trial")
+    mean = trials if trials is not None else args.mean if args.mean is not None else privacy.mean
+    flags = {"privacy.stopping": "--stopping" if args.stopping else None,
+             "privacy.mean": "--trials" if trials is not None else "--mean" if args.mean is not None else None,
+             "privacy.eta": "--eta" if args.eta is not None else None}
     try:
-        return StoppingRule(kind, mean, args.eta if args.eta is not None else privacy.eta)
+        return stopping_rule(name, mean=mean, eta=args.eta if args.eta is not None else privacy.eta)
     except ConfigError as e:
-        raise ConfigError(f"--{e.field}", e.problem, e.fix) from e
+        flag = flags.get(e.field)
+        raise (e.renamed(flag) if flag else e) from e
 
 
 def _explicit_plan(args: argparse.Namespace) -> Plan:
@@ -100,18 +106,18 @@ def _explicit_plan(args: argparse.Namespace) -> Plan:
                           "give --score-noise S (std on the correct-count) or --public-validation")
     if not 0 < args.delta < 1:
         raise ConfigError("--delta", f"{args.delta!r} is not in (0, 1)", "choose e.g. 1e-5")
-    privacy = PrivacySpec(delta=args.delta, stopping=args.stopping or "poisson", mean=args.mean or 1.0,
-                          eta=1.0 if args.eta is None else args.eta, score_noise=args.score_noise)
-    rule = _rule(args, privacy)
-    point = TrialPoint(args.noise_multiplier, args.sampling_rate, args.steps, args.score_noise)
+    rule = _rule(args, PrivacySpec(delta=args.delta, mean=args.mean or 1.0, score_noise=args.score_noise))
+    point = TrialPoint(noise_multiplier=args.noise_multiplier, sampling_rate=args.sampling_rate, steps=args.steps,
+                       score_noise=args.score_noise)
     try:
         t_event = worst_case_event([point])
     except ConfigError as e:
-        raise ConfigError(f"--{e.field.replace('_', '-')}", e.problem, e.fix) from e
+        raise e.renamed(f"--{e.field.replace('_', '-')}") from e
     s_event = rule.search_event(t_event)
-    alts = {other.label(): epsilon(other.search_event(t_event), args.delta) for other in alternative_rules(rule)}
-    return Plan(rule, args.delta, [point], t_event, s_event, epsilon(t_event, args.delta),
-                epsilon(s_event, args.delta), n_train=0, alternatives=alts)
+    alts = {other.label(): epsilon([other.search_event(t_event)], args.delta) for other in alternative_rules(rule)}
+    return Plan(stopping=rule, delta=args.delta, points=[point], trial_event=t_event, search_event=s_event,
+                trial_epsilon=epsilon([t_event], args.delta), search_epsilon=epsilon([s_event], args.delta),
+                n_train=0, alternatives=alts)
 
 
 def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
@@ -181,18 +187,20 @@ def main(argv: list[str] | None = None) -> int:
             if space is None:
                 space = _explicit_space(args, plan)
             # the exact charge the search will pay (plan_search, subsampled when tune_fraction < 1)
-            floor = sigma_floor(space, plan.n_train or 10**6, args.target_epsilon, plan.stopping)
+            floor = sigma_floor(space, plan.n_train or 10**6, target_epsilon=args.target_epsilon,
+                                stopping=plan.stopping)
             out["target_epsilon"] = args.target_epsilon
             out["noise_multiplier_floor"] = floor
             if args.space:
-                out["advice"] = _advice_json(advise(space, plan.n_train, args.target_epsilon))
+                out["advice"] = _advice_json(advise(space, plan.n_train, target_epsilon=args.target_epsilon))
         if args.plot:
             if not args.plot.lower().endswith(".png") or not Path(args.plot).resolve().parent.is_dir():
                 raise ConfigError("--plot", f"{args.plot!r} is not a .png path in an existing folder",
                                   "give e.g. --plot stopping.png")
             from dptune._plots import stopping_rule_figure
 
-            stopping_rule_figure(plan.trial_event, plan.delta, out=args.plot, mark=plan.stopping)
+            stopping_rule_figure(plan.trial_event, plan.delta, out=args.plot, mark=plan.stopping,
+                                 tune_fraction=space.tune_fraction if space is not None else 1.0)
             out["plot"] = args.plot
         if args.json:
             print(json.dumps(out))
@@ -268,6 +276,8 @@ def _print(out: dict[str, Any]) -> None:
     if "advice" in out:
         _print_advice(out["advice"])
 
+
+callable_module(__name__, "plan")  # dptune.plan(...) is the API function, module or not
 
 if __name__ == "__main__":
     sys.exit(main())

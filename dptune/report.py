@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -22,18 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow.parquet as pq
 import yaml
 from dp_accounting import dp_event as de
 
 from dptune import _plots
 from dptune._cli import run_cli
-from dptune._search.sealed import RunDir, write_private
-from dptune.accounting import ORDERS, StoppingRule, epsilon_from_rdp, rdp_of
+from dptune.accounting import StoppingRule, epsilon, search_parts
 from dptune.certificate import Certificate, CertificateError, load_certificate
 from dptune.config import ConfigError
 from dptune.ledger import Ledger
+from dptune.rundir import RunDir, write_private
+from dptune.trials import read_trials
 
 __all__ = ["main"]
 
@@ -49,7 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog="CURATOR ONLY: the report holds private per-trial results.")
     p.add_argument("run", help="run directory written by python -m dptune.search, e.g. runs/digits-1")
     p.add_argument("--ledger", help="privacy ledger (default: the one recorded in sealed/state.json)")
-    p.add_argument("--out", help="HTML file to write (default: <run>/sealed/report.html, mode 0600)")
+    p.add_argument("--out", help="HTML file to write (default: <run>/sealed/report.html, mode 0600); outside "
+                   "sealed/ only with --out-is-private, never inside release/")
+    p.add_argument("--out-is-private", action="store_true",
+                   help="CURATOR ONLY: I know the --out file holds every trial's private results and will keep it so")
     return p
 
 
@@ -76,10 +79,8 @@ def _load(args: argparse.Namespace) -> RunData:
         raise ConfigError("run", f"{run.trials_file} does not exist: the search has not finished",
                           "wait for it, or finish it with python -m dptune.search --resume --name <name>")
     try:
-        trials = pq.read_table(run.trials_file).to_pylist()
-        for t in trials:
-            t["params"] = json.loads(t["params"]) if t.get("params") else {}
-    except (OSError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on a corrupt file
+        trials = [dataclasses.asdict(t) for t in read_trials(run.trials_file)]
+    except (OSError, ValueError, TypeError) as e:  # pyarrow raises ArrowInvalid (a ValueError) on a corrupt file
         raise ConfigError("run", f"{run.trials_file} is not readable ({e})", "use the file the search wrote") from e
     try:
         cert = load_certificate(run.release / "certificate.json")
@@ -106,27 +107,38 @@ def _load(args: argparse.Namespace) -> RunData:
 
 
 def _out_path(args: argparse.Namespace, run: RunDir) -> Path:
+    """The report holds every trial and K: it stays in sealed/ unless the curator says, explicitly, that the
+    other place is private too; never in release/ (what people share; 0600 does not survive a tar)."""
     out = Path(args.out) if args.out else run.sealed / "report.html"
     if out.is_dir():
         raise ConfigError("--out", f"{str(out)!r} is a directory", "give a file name, e.g. report.html")
     if not out.parent.is_dir():
         raise ConfigError("--out", f"directory {str(out.parent)!r} does not exist", "create it or choose another path")
+    where = out.resolve()
+    if where.is_relative_to(run.release.resolve()):
+        raise ConfigError("--out", "is inside release/, which is meant to be shared",
+                          "write the report into sealed/ (the default)")
+    if not where.is_relative_to(run.sealed.resolve()) and not args.out_is_private:
+        raise ConfigError("--out", f"{out} is outside the run's sealed/ directory",
+                          "keep the default (sealed/report.html), or add --out-is-private if that place is "
+                          "readable by the curator only")
     return out
 
 
 # --- privacy data for the plots ----------------------------------------------------------------------
 
 
-def search_trial_event(cert: Certificate) -> tuple[de.DpEvent, StoppingRule]:
-    """The worst-case trial event and stopping rule of a search certificate (its 'search' event)."""
-    events = dict(cert.events)
-    search = events.get("search")
-    if isinstance(search, de.RepeatAndSelectDpEvent):
-        kind = "poisson" if math.isinf(search.shape) else "tnb"
-        return search.event, StoppingRule(kind, float(search.mean), 1.0 if kind == "poisson" else float(search.shape))
-    if isinstance(search, de.SelfComposedDpEvent):
-        return search.event, StoppingRule("composed", float(search.count))
-    raise ConfigError("run", "its certificate has no search event (RepeatAndSelect or SelfComposed)",
+def search_trial_event(cert: Certificate) -> tuple[de.DpEvent, StoppingRule, float]:
+    """The worst-case trial event, stopping rule and tune fraction of a search certificate (its 'search'
+    event, subsampled or not: ``dptune.accounting.search_parts``)."""
+    search = dict(cert.events).get("search")
+    problem = "no event has the role 'search'"
+    if search is not None:
+        try:
+            return search_parts(search)
+        except ValueError as e:
+            problem = str(e)
+    raise ConfigError("run", f"its certificate has no dptune search event ({problem})",
                       "give a run written by python -m dptune.search")
 
 
@@ -142,12 +154,12 @@ def ledger_series(ledger: Ledger) -> tuple[dict[str, list[tuple[float, float]]],
         delta = budget[1] if budget else 1e-5  # Ledger.spent's default when no budget is set
         label = fp[:12]
         budgets[label] = budget[0] if budget else None
-        total = np.zeros_like(ORDERS)
+        counted: list[de.DpEvent] = []
         points: list[tuple[float, float]] = []
         for c in ledger.charges(fp):
             if c.status != "aborted":
-                total = total + rdp_of(c.event)  # compose, never add ε
-            cum = epsilon_from_rdp(total, delta)[0] if total.any() else 0.0
+                counted.append(c.event)
+            cum = epsilon(counted, delta)  # compose, never add ε
             points.append((c.created, cum))
             rows.append({"id": c.id, "dataset": label, "name": c.name, "status": c.status,
                          "epsilon alone": c.epsilon, "cumulative epsilon": cum, "delta": delta,
@@ -201,18 +213,18 @@ img { max-width: 100%; border: 1px solid #ddd; margin: .5em 0; }
 def render(data: RunData) -> str:
     """The report as one HTML document (plots embedded as base64 PNG, no external resources)."""
     cert = data.certificate
-    trial_ev, rule = search_trial_event(cert)
+    trial_ev, rule, tune_fraction = search_trial_event(cert)
     params = sorted({k for t in data.trials for k in t["params"]})
     released = data.release.get("config", {})
     name = cert.details.get("run", data.run.root.name)
     series, budgets, charge_rows = ledger_series(data.ledger)
-    this_ds = cert.dataset_fingerprint[:12]
+    this_ds = str(data.state.get("budget_fingerprint", ""))[:12]
     series = {(f"{k} (this run)" if k == this_ds else k): v for k, v in series.items()}
     budgets = {(f"{k} (this run)" if k == this_ds else k): v for k, v in budgets.items()}
 
     summary = _kv([
         ("run", name), ("status", data.state.get("status")), ("space", cert.details.get("space")),
-        ("dataset fingerprint", cert.dataset_fingerprint),
+        ("dataset id (public)", cert.dataset_id),
         ("ε (certificate)", cert.epsilon), ("δ", cert.delta), ("stopping rule", rule.label()),
         ("stopping (certificate)", cert.stopping), ("accounting", cert.details.get("accounting")),
         ("one worst-case trial ε", cert.details.get("trial_epsilon")),
@@ -226,7 +238,7 @@ def render(data: RunData) -> str:
         ("Score against each searched hyperparameter (all trials; crashed/diverged at the bottom)",
          _plots.score_figure(data.trials, params)),
         ("ε against the mean number of trials, per stopping rule, for this run's worst-case trial",
-         _plots.stopping_rule_figure(trial_ev, cert.delta, mark=rule)),
+         _plots.stopping_rule_figure(trial_ev, cert.delta, mark=rule, tune_fraction=tune_fraction)),
         ("Ledger: cumulative ε per dataset after each charge (RDP composition)",
          _plots.ledger_figure(series, budgets)),
     ]

@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import ipaddress
 import json
 import math
-import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dptune._cli import run_cli
-from dptune.accounting import Plan, StoppingRule, plan_search
-from dptune.certificate import Certificate
-from dptune.config import ConfigError, SearchSpace, check_adaptive, load_space
-from dptune.ledger import Ledger
+from dptune._cli import callable_module, run_cli
+from dptune._search.driver import SearchRequest
+from dptune.config import SearchSpace, check_adaptive, load_space
+from dptune.errors import ConfigError, check_unit_interval
 
 __all__ = ["main"]
 
@@ -32,7 +26,7 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dptune.search", description=__doc__.splitlines()[0])
     p.add_argument("--space", required=True, help="search-space YAML, e.g. search_spaces/digits.yaml")
-    p.add_argument("--name", help="run name (default: <space>-<timestamp>); outputs go to <runs-dir>/<name>")
+    p.add_argument("--name", help="run name (default: <space>-<random>); outputs go to <runs-dir>/<name>")
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--ledger", default="runs/ledger.sqlite", help="privacy ledger (SQLite)")
     p.add_argument("--budget-epsilon", type=float, help="set the dataset's budget if it has none yet")
@@ -52,11 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint each N epochs (0: off)")
     p.add_argument("--save-checkpoint", action="store_true", help="release the best trial's model too")
     p.add_argument("--resume", action="store_true", help="resume the sealed draw of --name (no new charge)")
+    p.add_argument("--new-dataset", action="store_true",
+                   help="this dataset is NOT a near-copy of a budgeted one: give it a budget of its own")
     p.add_argument("--show-trials", action="store_true",
                    help="CURATOR ONLY: print every trial's result (private data) to the terminal")
     p.add_argument("--seed", type=int, help="NOT PRIVATE: fixed randomness for reproducibility/tests")
     p.add_argument("--smoke-test", action="store_true", help="2 epochs per trial (fast path for CI)")
     p.add_argument("--epochs", type=float, help="override the space's fixed epochs (charged accordingly)")
+    p.add_argument("--tune-fraction", type=float,
+                   help="search on a Poisson subsample of this fraction of the training data (0 < f <= 1; "
+                        "overrides search.tune_fraction; charged accordingly)")
     return p
 
 
@@ -78,6 +77,9 @@ def _apply_overrides(space: SearchSpace, args: argparse.Namespace) -> SearchSpac
         raise ConfigError("--accounting", "the space's privacy.stopping is composed",
                           "use --accounting composed, or set privacy.stopping to poisson or tnb")
     changes["privacy"] = privacy
+    if args.tune_fraction is not None:
+        changes["tune_fraction"] = check_unit_interval("--tune-fraction", args.tune_fraction,
+                                                       "choose e.g. 0.25, or 1 for no subsampling", include_one=True)
     epochs = 2.0 if args.smoke_test else args.epochs
     if epochs is not None:
         if "epochs" in space.space:
@@ -117,40 +119,23 @@ def _check_args(args: argparse.Namespace) -> None:
               "machine. Prefer the default 127.0.0.1 and SSH port forwarding.", file=sys.stderr)
 
 
-def _load_data(space: SearchSpace) -> Any:
-    from dptune.data import load_dataset
+def _request(args: argparse.Namespace) -> SearchRequest:
+    from dptune._search.driver import default_run_name
+    from dptune._search.options import RayOptions
 
-    return load_dataset(space.dataset)
-
-
-def _release_config(space: SearchSpace, params: dict[str, Any], score: float | None) -> dict[str, Any]:
-    cfg = space.fixed.replace(**params).to_public_dict()
-    return {
-        "released_by": "dptune.search",
-        "space": space.name,
-        "source": space.source,
-        "dataset": dataclasses.asdict(space.dataset),
-        "config": cfg,
-        "privacy": {"delta": space.privacy.delta},
-        "score": None if score is None or not math.isfinite(score) else float(score),
-        "score_kind": "validation accuracy" + (" (public split)" if space.dataset.public_validation else
-                                               f" + Gaussian noise (std {space.privacy.score_noise:g} on the "
-                                               "correct-count)"),
-        "certificate": "certificate.json",
-    }
-
-
-def _certificate(space: SearchSpace, plan: Plan, fingerprint: str, name: str) -> Certificate:
-    return Certificate.build(
-        fingerprint, plan.delta, [("search", plan.search_event)], plan.stopping.describe(),
-        details={"kind": "search", "run": name, "space": space.name, "space_sha256": _sha(space.source),
-                 "searcher": space.searcher, "accounting": space.accounting, "n_train": plan.n_train,
-                 "trial_epsilon": plan.trial_epsilon, "search_epsilon": plan.search_epsilon,
-                 "worst_case": [dataclasses.asdict(p) for p in plan.points]})
-
-
-def _sha(path: str | None) -> str | None:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else None
+    _check_args(args)
+    space = _apply_overrides(load_space(args.space), args)
+    name = args.name or default_run_name(space)
+    if args.resume and not args.name:
+        raise ConfigError("--resume", "needs the --name of the interrupted search", "give --name NAME")
+    ray = RayOptions(address=args.address, num_cpus=args.num_cpus, cpus_per_trial=args.cpus_per_trial,
+                     gpus_per_trial=args.gpus_per_trial, dashboard_host=args.dashboard_host,
+                     dashboard_port=args.dashboard_port, max_failures=args.max_failures,
+                     checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint)
+    return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=Path(args.ledger),
+                         budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
+                         new_dataset=args.new_dataset, resume=args.resume, seed=args.seed,
+                         show_trials=args.show_trials, ray=ray)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,142 +144,44 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from dptune._search.draw import Draw, make_draw
-    from dptune._search.sealed import RunDir, write_trials
+    from dptune._search.driver import run_search
+    from dptune._search.runner import SearchFailed, SearchInterrupted
 
-    _check_args(args)
-    space = _apply_overrides(load_space(args.space), args)
-    name = args.name or f"{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run = RunDir(Path(args.runs_dir) / name)
-    if args.resume and not run.draw_file.exists():
-        raise ConfigError("--resume", f"{run.root} holds no sealed draw", "give the --name of an interrupted search")
-    if not args.resume and run.root.exists():
-        raise ConfigError("--name", f"{run.root} already exists", "choose a new --name, or --resume that search")
-    if args.seed is not None:
-        print("WARNING: --seed fixes K, the trial configs and all DP noise: NOT PRIVATE (tests/reproducibility).",
-              file=sys.stderr)
-
-    rule = StoppingRule(space.privacy.stopping, space.privacy.mean, space.privacy.eta)
-    data = _load_data(space)
-    n_train = int(len(data.train[1]))
-    fingerprint = data.pool_fingerprint()
-    released_space = space
-    f = space.tune_fraction
-    # with f < 1 the search runs on a Poisson subsample X₁ (Koskela & Kulkarni 2023): plan_search charges
-    # trials at q = B/(f·n), fixed before X₁ is drawn, and amplifies the whole search (Zhu & Wang 2019)
-    plan = plan_search(space, n_train, rule, compare=False)
-    sampling_basis = f * n_train if f < 1 else None  # data-independent: q = B/(f·n), never B/|X₁|
-    ledger = Ledger(args.ledger)
-
-    if args.resume:
-        state = run.read_state()
-        if state.get("space_sha256") != _sha(space.source) or state.get("fingerprint") != fingerprint:
-            raise ConfigError("--space", "differs from the space or data the interrupted search was charged for",
-                              "resume with the same --space file and dataset")
-        if state.get("status") == "released":
-            raise ConfigError("--resume", f"{name} already finished", f"its release is in {run.release}")
-        charge_id = int(state["charge_id"])
-        if ledger.charge(charge_id).status == "aborted":
-            raise ConfigError("--resume", "its ledger charge was aborted", "start a new search")
-        draw = Draw.load(run.draw_file)
-    else:
-        if ledger.budget(fingerprint) is None:
-            if args.budget_epsilon is None:
-                raise ConfigError("--budget-epsilon", f"dataset {fingerprint[:12]} has no privacy budget in "
-                                  f"{args.ledger}", "pass --budget-epsilon E (and --budget-delta) once, or use "
-                                  "python -m dptune.ledger set-budget")
-            ledger.set_budget(fingerprint, args.budget_epsilon, args.budget_delta or space.privacy.delta,
-                              label=space.dataset.name)
-        # rule 4: the charge is durable before anything touches data
-        charge_id = ledger.reserve(fingerprint, name, plan.search_event)
-        run.create()
-        run.write_state(charge_id=charge_id, fingerprint=fingerprint, space_sha256=_sha(space.source),
-                        status="reserved", ledger=str(Path(args.ledger).resolve()))
-        draw = make_draw(space, rule, seed=args.seed)
-        draw.save(run.draw_file)
-
-    if f < 1:
-        import numpy as np
-
-        from dptune.data import poisson_subsample
-
-        # X₁ is drawn once from the sealed (secret) draw seed, so a resumed search sees the same subsample
-        data = poisson_subsample(data, f, int(np.random.default_rng([draw.draw_seed, 2]).integers(2**62)))
-    print(f"dptune search {name!r}: space {space.name} ({space.searcher} search, {plan.stopping.label()})")
-    print(f"  charged to the ledger before any trial: epsilon = {plan.search_epsilon:.4f}, delta = {plan.delta:g} "
-          f"(one worst-case trial: epsilon = {plan.trial_epsilon:.4f})")
-    dashboard = None
-    rows: list[dict[str, Any]] = []
-    if draw.k > 0:
-        from dptune._search import runner
-
-        opts = runner.RayOptions(
-            address=args.address, num_cpus=args.num_cpus, cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial, dashboard_host=args.dashboard_host,
-            dashboard_port=args.dashboard_port, max_failures=args.max_failures,
-            checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint,
-            job_metadata={"dptune_run": name, "dptune_space": space.name,
-                          "dptune_epsilon": f"{plan.search_epsilon:.4f}", "dptune_delta": f"{plan.delta:g}",
-                          "dptune_stopping": plan.stopping.label()})
-        try:
-            dashboard = runner.start_ray(opts)
-            print(f"  Ray dashboard: {dashboard or 'see your cluster head'}")
-            run.write_state(status="running", dashboard=dashboard)
-            rows = runner.run_trials(space, draw, data, run, opts, show_trials=args.show_trials,
-                                     resume=args.resume, sampling_basis=sampling_basis)
-        finally:
-            runner.shutdown()
-        write_trials(run.trials_file, rows)
-    else:
-        write_trials(run.trials_file, [])
-
-    # only the best trial leaves sealed/ (rule 3); K = 0 releases the space's default config (rule 1)
-    if rows:
-        best = max(rows, key=lambda r: (_score(r), -r["index"]))
-        params, score = dict(best["params"]), _score(best)
-        if f < 1:  # the transfer rule: keep q = B/n (batch scaled by 1/f), epochs, lr, σ
-            from dptune.accounting import transfer_config
-
-            params = transfer_config(params, f, n_train)
-    else:
-        best = None
-        params = {k: getattr(space.default, k) for k in space.space}
-        score = None
-    run.release.mkdir(exist_ok=True)
-    release = _release_config(released_space, params, score)
-    if f < 1:
-        release["tuned_on_fraction"] = f
-    (run.release / "best_config.yaml").write_text(
-        "# Released by dptune.search: the best trial's complete config. Train it with\n"
-        f"#   python -m dptune.train --release {run.release}\n" + yaml.safe_dump(release, sort_keys=False))
-    cert = _certificate(space, plan, fingerprint, name)
-    if f < 1:
-        cert = dataclasses.replace(cert, details={
-            **cert.details, "tune_fraction": f, "subsample_rule": "Poisson, drawn once from the sealed seed",
-            "trial_sampling_rate_basis": "B/(f*n)",
-            "amplification": "Zhu & Wang 2019 Thm 6 on the whole search; validation releases unamplified",
-            "transfer_rule": "batch_size / f (same q = B/n), same epochs, learning rate, noise multiplier"})
-    cert.save(run.release / "certificate.json")
-    if args.save_checkpoint and best is not None and best.get("checkpoint"):
-        shutil.copy(Path(best["checkpoint"]) / "model.pt", run.release / "best_checkpoint.pt")
-    ledger.commit(charge_id)
-    run.write_state(status="released")
-
-    print("released (everything else stays sealed in " f"{run.sealed}):")
-    print("  config: " + json.dumps({k: release["config"][k] for k in sorted(space.space)}))
-    if release["score"] is not None:
-        print(f"  score:  {release['score']:.4f} ({release['score_kind']})")
-    print(f"  privacy: epsilon = {cert.epsilon:.4f}, delta = {cert.delta:g}, {plan.stopping.label()}")
-    print(f"  files:  {run.release}/best_config.yaml, {run.release}/certificate.json")
-    if dashboard:
-        print(f"  dashboard was at {dashboard}")
+    req = _request(args)
+    try:
+        out = run_search(req)
+    except (SearchInterrupted, KeyboardInterrupt):
+        print(f"interrupted; nothing was released. The charge stays reserved (it counts) and the finished trials "
+              f"are sealed. Continue with: python -m dptune.search --space {args.space} --name "
+              f"{req.run_dir.name} --runs-dir {args.runs_dir} --ledger {args.ledger} --resume "
+              "(with the same flags as before)", file=sys.stderr)
+        return 130
+    except SearchFailed as e:
+        print(f"error: {e}. Nothing was released; the charge stays reserved (it counts). Fix the cause, then "
+              "--resume the search.", file=sys.stderr)
+        return 1
+    _print_release(req, out)
     return 0
 
 
-def _score(row: dict[str, Any]) -> float:
-    s = row.get("score")
-    return float(s) if s is not None and math.isfinite(float(s)) else -math.inf
+def _print_release(req: SearchRequest, out: Any) -> None:
+    """The closing lines (what people paste into tickets): neither K nor the duration."""
+    release = out.released
+    rel = out.run.release
+    print(f"released (everything else stays sealed in {out.run.sealed}):")
+    print("  config: " + json.dumps({k: release["config"][k] for k in sorted(req.space.space)}))
+    if release["score"] is not None:
+        print(f"  score:  {release['score']:.4f} = {release['score_kind']}: good for choosing among configs, "
+              "not a model's accuracy (the final model's test accuracy comes from dptune.train)")
+    else:
+        print("  score:  none (no trial was drawn: the space's default config is released)")
+    print(f"  privacy: epsilon = {out.epsilon:.4f}, delta = {out.delta:g}, {out.stopping}")
+    print(f"  files:  {rel}/best_config.yaml, {rel}/certificate.json")
+    print(f"  next:   python -m dptune.train --release {rel} --out {out.run.root}/final --target-epsilon E "
+          "(E = your total budget for search + final training)")
 
+
+callable_module(__name__, "search")  # dptune.search(...) is the API function, module or not
 
 if __name__ == "__main__":
     sys.exit(main())

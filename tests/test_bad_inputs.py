@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
 from dptune import accounting as A
-from dptune.config import load_space
-from dptune.data import load_dataset
 from dptune.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,33 +23,46 @@ GOOD_PLAN = ["--noise-multiplier", "1.5", "--sampling-rate", "0.04", "--steps", 
              "--public-validation"]
 
 
+def _k0_seed(mean: float = 3.0) -> int:
+    rule = A.stopping_rule("poisson", mean=mean)
+    return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A ledger with a digits budget and one search charge, and a release — built without Ray."""
-    from dptune.search import _certificate, _release_config
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """A ledger with a digits budget and one real search's charge and release: a K = 0 search (the draw
+    seed fixed by the test hook), which runs the whole CLI path but needs no Ray."""
+    from dptune.search import main as search_main
 
     base = tmp_path_factory.mktemp("world")
-    space = load_space(SPACE)
-    fp = load_dataset(space.dataset).pool_fingerprint()
-    plan = A.plan_search(space, 1257)
-    ledger = Ledger(base / "ledger.sqlite")
-    ledger.set_budget(fp, 8.0, 1e-5)
-    ledger.commit(ledger.reserve(fp, "demo", plan.search_event))
-    release = base / "release"
-    release.mkdir()
-    cfg = _release_config(space, {k: getattr(space.default, k) for k in space.space}, 0.9)
-    (release / "best_config.yaml").write_text(yaml.safe_dump(cfg))
-    _certificate(space, plan, fp, "demo").save(release / "certificate.json")
+    old = os.environ.get("DPTUNE_TEST_DRAW_SEED")
+    os.environ["DPTUNE_TEST_DRAW_SEED"] = str(_k0_seed())
+    try:
+        rc = search_main(["--space", str(SPACE), "--name", "demo", "--runs-dir", str(base / "runs"), "--ledger",
+                          str(base / "ledger.sqlite"), "--budget-epsilon", "8"])
+    finally:
+        os.environ.pop("DPTUNE_TEST_DRAW_SEED")
+        if old is not None:
+            os.environ["DPTUNE_TEST_DRAW_SEED"] = old
+    assert rc == 0
     corrupt = base / "corrupt.yaml"
     corrupt.write_text("space: [unclosed\n  privacy: {")
-    wrong_type = base / "wrong_type.yaml"
     raw = yaml.safe_load(SPACE.read_text())
-    raw["fixed"]["epochs"] = "many"
-    wrong_type.write_text(yaml.safe_dump(raw))
+    spaces = {"wrong_type": ("fixed", "epochs", "many"), "big_delta": ("privacy", "delta", 1e-3),
+              "bad_default": ("default", "batch_size", 100), "basis": ("fixed", "sampling_basis", 256.0),
+              "seeded": ("fixed", "seed", 1)}
+    out = {"base": base, "ledger": base / "ledger.sqlite", "run": base / "runs" / "demo",
+           "release": base / "runs" / "demo" / "release", "corrupt": corrupt}
+    for name, (section, key, value) in spaces.items():
+        variant = yaml.safe_load(yaml.safe_dump(raw))
+        variant[section][key] = value
+        out[name] = base / f"{name}.yaml"
+        out[name].write_text(yaml.safe_dump(variant))
     unknown = base / "unknown.yaml"
     unknown.write_text(SPACE.read_text() + "\ncolour: blue\n")
-    return {"base": base, "ledger": base / "ledger.sqlite", "release": release, "corrupt": corrupt,
-            "wrong_type": wrong_type, "unknown": unknown}
+    other = base / "other-ledger.sqlite"
+    Ledger(other)
+    yield {**out, "unknown": unknown, "other_ledger": other}
 
 
 def _release_variant(world: dict[str, Path], name: str, edit: Callable[[Path], None]) -> str:
@@ -59,6 +73,10 @@ def _release_variant(world: dict[str, Path], name: str, edit: Callable[[Path], N
         shutil.copytree(world["release"], dst)
         edit(dst)
     return str(dst)
+
+
+def _train(world: dict[str, Path], release: str, out: str, *extra: str) -> list[str]:
+    return ["--release", release, "--run", str(world["run"]), "--out", str(world["base"] / out), *extra]
 
 
 def _tamper(d: Path) -> None:
@@ -81,6 +99,29 @@ def _corrupt_cfg(d: Path) -> None:
     (d / "best_config.yaml").write_text("config: {unclosed")
 
 
+def _basis_cfg(d: Path) -> None:
+    c = yaml.safe_load((d / "best_config.yaml").read_text())
+    c["config"]["sampling_basis"] = 256.0
+    (d / "best_config.yaml").write_text(yaml.safe_dump(c))
+
+
+def _forged(d: Path) -> None:
+    """Issue item 5: a cheaper event with a correctly recomputed ε (passes verify(), not the binding)."""
+    from dptune.certificate import load_certificate
+
+    c = json.loads((d / "certificate.json").read_text())
+    c["events"][0]["event"]["mean"] = 1.0
+    (d / "certificate.json").write_text(json.dumps(c))
+    c["epsilon"] = load_certificate(d / "certificate.json", verify=False).compose_with("x", _noop()).epsilon
+    (d / "certificate.json").write_text(json.dumps(c))
+
+
+def _noop() -> Any:
+    from dp_accounting import dp_event as de
+
+    return de.NoOpDpEvent()
+
+
 # (cli, argv builder, the field the message must name)
 CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     # plan
@@ -98,6 +139,8 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("plan", lambda w: [*GOOD_PLAN, "--stopping", "often"], "--stopping"),
     ("plan", lambda w: [*GOOD_PLAN, "--target-epsilon", "0"], "--target-epsilon"),
     ("plan", lambda w: [*GOOD_PLAN[:1], "abc", *GOOD_PLAN[2:]], "--noise-multiplier"),  # wrong type
+    ("plan", lambda w: ["--space", str(w["bad_default"])], "default.batch_size"),
+    ("plan", lambda w: ["--space", str(w["basis"])], "fixed.sampling_basis"),
     # search (all refused before Ray starts)
     ("search", lambda w: ["--space", "no/such.yaml"], "--space"),
     ("search", lambda w: ["--space", str(w["corrupt"])], "malformed YAML"),
@@ -111,28 +154,36 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("search", lambda w: ["--space", str(SPACE), "--resume", "--name", "never-ran"], "--resume"),
     ("search", lambda w: ["--space", str(SPACE), "--name", "over"], "budget"),  # over budget: 6.6 + 6.6 > 8
     ("search", lambda w: ["--space", str(SPACE), "--cpus-per-trial", "0"], "--cpus-per-trial"),
+    ("search", lambda w: ["--space", str(w["big_delta"])], "privacy.delta"),  # δ ≥ 1/n (issue item 12)
+    ("search", lambda w: ["--space", str(w["bad_default"])], "default.batch_size"),  # not a choice (item 12)
+    ("search", lambda w: ["--space", str(w["basis"])], "fixed.sampling_basis"),  # internal (issue item 3)
+    ("search", lambda w: ["--space", str(w["seeded"])], "fixed.seed"),  # internal
     # ledger
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "0", "--delta", "1e-5"], "--epsilon"),
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "1", "--delta", "2"], "--delta"),
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "nan?", "--delta", "1e-5"], "--epsilon"),
     # train
     ("train", lambda w: ["--release", str(w["base"] / "missing"), "--out", str(w["base"] / "o1")], "--release"),
-    ("train", lambda w: ["--release", _release_variant(w, "nocert", _no_cert), "--out", str(w["base"] / "o2")],
-     "certificate"),
-    ("train", lambda w: ["--release", _release_variant(w, "tamper", _tamper), "--out", str(w["base"] / "o3")],
-     "certificate.epsilon"),
-    ("train", lambda w: ["--release", _release_variant(w, "batch", _bad_batch), "--out", str(w["base"] / "o4")],
-     "best_config.config.batch_size"),
-    ("train", lambda w: ["--release", _release_variant(w, "corrupt", _corrupt_cfg), "--out", str(w["base"] / "o5")],
-     "best_config"),
-    ("train", lambda w: ["--release", str(w["release"]), "--out", str(w["base"] / "o6"), "--target-epsilon", "-1"],
-     "--target-epsilon"),
-    ("train", lambda w: ["--release", str(w["release"]), "--out", str(w["base"] / "o7"), "--target-epsilon", "1"],
+    ("train", lambda w: _train(w, _release_variant(w, "nocert", _no_cert), "o2"), "certificate"),
+    ("train", lambda w: _train(w, _release_variant(w, "tamper", _tamper), "o3"), "certificate.epsilon"),
+    ("train", lambda w: _train(w, _release_variant(w, "batch", _bad_batch), "o4"), "best_config.config.batch_size"),
+    ("train", lambda w: _train(w, _release_variant(w, "corrupt", _corrupt_cfg), "o5"), "best_config"),
+    ("train", lambda w: _train(w, str(w["release"]), "o6", "--target-epsilon", "-1"), "--target-epsilon"),
+    ("train", lambda w: _train(w, str(w["release"]), "o7", "--target-epsilon", "1"),
      "epsilon"),  # below what the search already cost
-    ("train", lambda w: ["--release", str(w["release"]), "--out", str(w["base"] / "o8"), "--epochs", "100"],
-     "budget"),  # over the ledger's budget
+    ("train", lambda w: _train(w, str(w["release"]), "o8", "--epochs", "100"), "budget"),  # over the budget
+    ("train", lambda w: _train(w, _release_variant(w, "basis", _basis_cfg), "o9"),
+     "best_config.config.sampling_basis"),  # an internal field (issue item 3)
+    ("train", lambda w: _train(w, _release_variant(w, "forged", _forged), "o10"),
+     "certificate.events"),  # a forged event with recomputed ε (issue item 5)
+    ("train", lambda w: _train(w, str(w["release"]), "o11", "--ledger", str(w["other_ledger"])),
+     "--ledger"),  # a ledger that never saw the search (issue item 19)
+    ("train", lambda w: ["--release", str(w["release"]), "--out", str(w["base"] / "o12"), "--run",
+                         str(w["base"])], "--release"),  # no sealed record of the search
     # report
     ("report", lambda w: [str(w["base"] / "no-run")], "run"),
+    ("report", lambda w: [str(w["run"]), "--out", str(w["release"] / "report.html")], "--out"),  # item 20
+    ("report", lambda w: [str(w["run"]), "--out", str(w["base"] / "report.html")], "--out"),  # outside sealed/
 ]
 
 
@@ -154,12 +205,12 @@ def test_bad_input_exits_2_and_charges_nothing(cli: str, argv: Callable[[dict[st
     if cli in ("search", "train", "ledger"):
         if cli == "ledger":
             args = [args[0], "--ledger", str(world["ledger"]), *args[1:]]
-        else:
+        elif "--ledger" not in args:
             args = [*args, "--ledger", str(world["ledger"])]
         if cli == "search":
             args += ["--runs-dir", str(world["base"] / "runs")]
     before = _ledger_digest(world["ledger"])
-    main = importlib.import_module(f"dptune.{cli}").main
+    main = importlib.import_module(f"dptune.{cli}" + (".__main__" if cli == "ledger" else "")).main
     try:
         rc = main(args)
     except SystemExit as e:  # argparse rejects wrong types itself, with exit status 2

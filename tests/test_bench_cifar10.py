@@ -53,7 +53,7 @@ def test_smoke_run_prints_every_field(tmp_path: Path) -> None:
     assert 0.0 <= float(_field(out, "test_accuracy")) <= 1.0
     assert "2,448,714 params" in out  # ResNet-9 + ScaleNorm, as in the space
     # ε of the 1 step run: q = 16/256, σ = the space's default 1.5, public validation
-    assert float(_field(out, "epsilon")) == pytest.approx(epsilon(trial_event(1.5, 16 / 256, 1, None), 1e-5),
+    assert float(_field(out, "epsilon")) == pytest.approx(epsilon([trial_event(noise_multiplier=1.5, sampling_rate=16 / 256, steps=1, score_noise=None)], 1e-5),
                                                           abs=1e-3)
     assert (tmp_path / "r.json").is_file()
 
@@ -75,4 +75,4 @@ def test_seed_setting_calibrates_sigma_to_epsilon_7_5(tmp_path: Path) -> None:
     assert (cfg.model, cfg.batch_size, cfg.optimizer, cfg.learning_rate) == ("resnet9", 1024, "nadam", 1e-3)
     assert info["steps_full"] == math.ceil(10 * n / 1024) and info["steps_planned"] == 3
     assert info["epsilon_full"] == pytest.approx(7.5, rel=5e-3) and info["epsilon_full"] <= 7.5
-    assert epsilon(trial_event(cfg.noise_multiplier * 0.99, 1024 / n, info["steps_full"], None), 1e-5) > 7.5
+    assert epsilon([trial_event(noise_multiplier=cfg.noise_multiplier * 0.99, sampling_rate=1024 / n, steps=info["steps_full"], score_noise=None)], 1e-5) > 7.5

@@ -8,14 +8,17 @@ import pytest
 from dp_accounting import dp_event as de
 
 from dptune import accounting as A
-from dptune.certificate import Certificate, CertificateError, load_certificate
+from dptune.certificate import Certificate, CertificateError, load_certificate, verify_binding
+from dptune.ledger import Ledger
 
 FP = "a" * 64
+DATASET_ID = "0123456789abcdef0123456789abcdef"
 
 
 def _cert() -> Certificate:
-    search = de.RepeatAndSelectDpEvent(A.trial_event(1.2, 0.1, 150, 6.0), 3.0, math.inf)
-    return Certificate.build(FP, 1e-5, [("search", search)], A.StoppingRule("poisson", 3.0).describe())
+    search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=1.2, sampling_rate=0.1, steps=150,
+                                                     score_noise=6.0), 3.0, math.inf)
+    return Certificate.build(DATASET_ID, 1e-5, [("search", search)], A.stopping_rule("poisson", mean=3.0).describe())
 
 
 def test_round_trip_and_verify(tmp_path: Path) -> None:
@@ -48,15 +51,15 @@ def test_tampered_event_fails(tmp_path: Path) -> None:
 
 def test_composition_with_final_training_is_below_the_sum() -> None:
     cert = _cert()
-    final = A.trial_event(1.0, 0.1, 150, None)
+    final = A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=150, score_noise=None)
     total = cert.compose_with("final_training", final)
-    assert total.epsilon < cert.epsilon + A.epsilon(final, 1e-5)
-    assert total.epsilon > max(cert.epsilon, A.epsilon(final, 1e-5))
+    assert total.epsilon < cert.epsilon + A.epsilon([final], 1e-5)
+    assert total.epsilon > max(cert.epsilon, A.epsilon([final], 1e-5))
 
 
 def test_certificate_refuses_k() -> None:
     with pytest.raises(ValueError, match="number of trials"):
-        Certificate.build(FP, 1e-5, [], {"rule": "poisson", "K": 3})
+        Certificate.build(DATASET_ID, 1e-5, [], {"rule": "poisson", "K": 3})
 
 
 def test_missing_and_corrupt(tmp_path: Path) -> None:
@@ -65,3 +68,66 @@ def test_missing_and_corrupt(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(CertificateError):
         load_certificate(tmp_path / "bad.json")
+
+
+def _bound(tmp_path: Path, sigma: float = 1.2) -> tuple[Certificate, Ledger]:
+    """A search certificate bound to a real ledger charge of its event."""
+    ledger = Ledger(tmp_path / "l.sqlite")
+    if ledger.budget(FP) is None:
+        ledger.set_budget(FP, 100.0, 1e-5)
+    search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=sigma, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
+    charge = ledger.charge(ledger.reserve(FP, f"s{sigma}", search))
+    cert = Certificate.build(ledger.dataset_id(FP), 1e-5, [("search", search)], {"rule": "poisson", "mean": 3.0})
+    return cert.bind(ledger, [charge.token]), ledger
+
+
+def test_binding_accepts_the_ledgers_own_certificate(tmp_path: Path) -> None:
+    cert, ledger = _bound(tmp_path)
+    cert.save(tmp_path / "c.json")
+    [charge] = verify_binding(load_certificate(tmp_path / "c.json"), ledger)
+    assert charge.name == "s1.2"
+    data = json.loads((tmp_path / "c.json").read_text())
+    # nothing computed from the data, no row id: a random dataset id and a random charge token
+    assert data["dataset_id"] == ledger.dataset_id(FP) != FP and len(data["dataset_id"]) == 32
+    assert FP not in (tmp_path / "c.json").read_text()
+    assert data["binding"]["charges"][0]["token"] == charge.token and "id" not in data["binding"]["charges"][0]
+
+
+def test_forged_event_with_recomputed_epsilon_is_refused(tmp_path: Path) -> None:
+    """Issue item 5: edit the event to a cheaper one and recompute ε — verify() passes, the binding fails."""
+    cert, ledger = _bound(tmp_path)
+    cheaper = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=5.0, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
+    forged = Certificate.build(cert.dataset_id, cert.delta, [("search", cheaper)], cert.stopping)
+    forged = Certificate(forged.dataset_id, forged.delta, forged.events, forged.epsilon, forged.stopping,
+                         binding=cert.binding)
+    forged.verify()  # internally consistent
+    assert forged.epsilon < cert.epsilon
+    with pytest.raises(CertificateError, match="certificate.events"):
+        verify_binding(forged, ledger)
+
+
+def test_borrowed_or_unkeyed_certificates_are_refused(tmp_path: Path) -> None:
+    cert, ledger = _bound(tmp_path)
+    other, _ = _bound(tmp_path, sigma=3.0)  # a cheaper search on the same ledger
+    # another search's binding pasted onto this certificate
+    pasted = Certificate(cert.dataset_id, cert.delta, cert.events, cert.epsilon, cert.stopping,
+                         binding=other.binding)
+    with pytest.raises(CertificateError):
+        verify_binding(pasted, ledger)
+    # a binding made with another curator key
+    stranger = Ledger(tmp_path / "stranger" / "l.sqlite")
+    with pytest.raises(CertificateError, match="not authenticated"):
+        verify_binding(cert, stranger)
+    with pytest.raises(CertificateError, match="certificate.binding"):
+        verify_binding(Certificate(cert.dataset_id, cert.delta, cert.events, cert.epsilon, cert.stopping), ledger)
+
+
+def test_guarantee_says_what_is_covered(tmp_path: Path) -> None:
+    """Issue item 9: neighbouring relation, test accuracy not covered, reproducibility recorded."""
+    _cert().save(tmp_path / "c.json")
+    g = json.loads((tmp_path / "c.json").read_text())["guarantee"]
+    assert "add or remove one example of the training split or of the validation split" in g["neighbouring_relation"]
+    assert "test" in g["not_covered"] and g["reproducible"] is False and "warning" not in g
+    search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=1.2, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
+    seeded = Certificate.build(DATASET_ID, 1e-5, [("search", search)], {}, reproducible=True)
+    assert seeded.guarantee["reproducible"] is True and "NOT PRIVATE" in seeded.guarantee["warning"]

@@ -71,9 +71,9 @@ def search(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     base = tmp_path_factory.mktemp("search")
     import numpy as np
 
-    from dptune.accounting import StoppingRule
+    from dptune.accounting import stopping_rule
 
-    rule = StoppingRule("poisson", 3.0)
+    rule = stopping_rule("poisson", mean=3.0)
     seed = next(s for s in range(10_000) if 3 <= rule.draw_k(np.random.default_rng([s, 0])) <= 4)
     r = run_cli(["-m", "dptune.search", "--space", "search_spaces/digits.yaml", "--name", "mn",
                  "--runs-dir", str(base / "runs"), "--ledger", str(base / "l.sqlite"), "--budget-epsilon", "30",
@@ -101,6 +101,8 @@ def test_dashboard_lists_the_job_with_its_charge(cluster: Cluster,
     assert float(meta["dptune_epsilon"]) == pytest.approx(cert["epsilon"], abs=1e-4)
     assert meta["dptune_delta"] == "1e-05" and meta["dptune_stopping"] == "poisson(mean=3)"
     assert "k" not in {key.lower() for key in meta}
+    # the dashboard's job list shows metadata["job_name"] as the Name: which search and its charge
+    assert meta["job_name"] == f"dptune search mn: epsilon {cert['epsilon']:.2f}"
     assert mine[0]["status"] == "SUCCEEDED"
     assert cluster.dashboard in r.stdout
 

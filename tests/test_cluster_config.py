@@ -32,6 +32,17 @@ def test_cluster_yaml_is_valid() -> None:
     assert "ray-client-server-port" not in head
 
 
+def test_cluster_keeps_the_token_private_and_opens_only_ssh() -> None:
+    """Issue items 17/18: the copied token is made 0600 in a 0700 dir on every node before Ray starts, and
+    the pinned security group lets nothing but SSH in from outside the cluster."""
+    prepared = _validate(yaml.safe_load(CLUSTER.read_text()))
+    setup = prepared["setup_commands"]
+    assert setup[0] == "chmod 700 ~/.ray && chmod 600 ~/.ray/auth_token"
+    assert prepared["file_mounts"]["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"
+    rules = prepared["provider"]["security_group"]["IpPermissions"]
+    assert [(r["IpProtocol"], r["FromPort"], r["ToPort"]) for r in rules] == [("tcp", 22, 22)]
+
+
 def test_validation_rejects_a_broken_config() -> None:
     import jsonschema
 

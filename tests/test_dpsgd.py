@@ -14,8 +14,7 @@ from torch import nn
 import dptune.dpsgd as dpsgd
 from dptune._params import sampling_rate, trial_steps
 from dptune.config import ConfigError, DatasetSpec, TrialConfig
-from dptune.data import Splits, load_dataset, poisson_subsample
-from dptune.data._augment import augment_views
+from dptune.data import Splits, augment_views, load_dataset, poisson_subsample
 from dptune.dpsgd import (
     _engines,
     _trial,

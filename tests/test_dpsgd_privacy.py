@@ -22,6 +22,10 @@ from dptune.dpsgd._charge import check_charged
 from dptune.dpsgd._optim import NoiseMeter
 
 WIDE = 2**127 + 0x5EED  # a 128-bit trial entropy
+def _point(sigma: float, q: float, steps: int, score_noise: float | None) -> TrialPoint:
+    return TrialPoint(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=score_noise)
+
+
 BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1.0, learning_rate=0.5,
                    score_noise=None, physical_batch_size=256)
 
@@ -104,7 +108,7 @@ def test_trial_runs_what_was_charged(digits: Splits, mode: str) -> None:
                           score_noise=4.0, physical_batch_size=24, clipping="auto" if mode == "bookkeeping" else mode)
     n = len(digits.train[1])
     q, steps = sampling_rate(batch_size=batch, basis=n), trial_steps(epochs=epochs, batch_size=batch, basis=n)
-    point = TrialPoint(sigma, q, steps, 4.0)  # what the accountant charges for this trial
+    point = _point(sigma, q, steps, 4.0)  # what the accountant charges for this trial
     result = run_trial(config, digits, charged_points=[point])
     assert result.clipping_mode == mode
     assert result.noise_additions == result.steps == point.steps
@@ -150,7 +154,7 @@ def test_trial_refuses_to_run_what_was_not_charged(digits: Splits, monkeypatch: 
                                                    change: dict[str, Any]) -> None:
     config = BASE.replace(batch_size=64, epochs=1.0, noise_multiplier=1.0, score_noise=4.0)
     n = len(digits.train[1])
-    exact = TrialPoint(1.0, sampling_rate(batch_size=64, basis=n), trial_steps(epochs=1.0, batch_size=64, basis=n), 4.0)
+    exact = _point(1.0, sampling_rate(batch_size=64, basis=n), trial_steps(epochs=1.0, batch_size=64, basis=n), 4.0)
     assert exact.steps == 20
     _refuse_data(monkeypatch)
     bad = dataclasses.replace(exact, **change)
@@ -168,8 +172,8 @@ def test_trial_accepts_a_dominating_charge(digits: Splits) -> None:
     config = BASE.replace(batch_size=64, epochs=0.5, noise_multiplier=2.5, score_noise=6.0)
     n = len(digits.train[1])
     q, steps = sampling_rate(batch_size=64, basis=n), trial_steps(epochs=0.5, batch_size=64, basis=n)
-    others = [TrialPoint(3.0, q, steps, 6.0), TrialPoint(2.0, q / 2, steps, 6.0)]  # neither covers it
-    covering = TrialPoint(2.0, 2 * q, 3 * steps, 5.0)  # cheaper σ and score noise, more q and T
+    others = [_point(3.0, q, steps, 6.0), _point(2.0, q / 2, steps, 6.0)]  # neither covers it
+    covering = _point(2.0, 2 * q, 3 * steps, 5.0)  # cheaper σ and score noise, more q and T
     result = run_trial(config, digits, charged_points=[*others, covering])
     assert result.steps == result.noise_additions == steps
     # the planner's own points for the digits space cover its default trial
@@ -243,7 +247,7 @@ def test_small_subsample_runs_at_the_charged_rate(digits: Splits, size: int) -> 
     tiny = dataclasses.replace(digits, train=(x[:size], y[:size]))
     config = BASE.replace(batch_size=120, epochs=3.0, clipping="hooks", score_noise=3.0)
     steps = trial_steps(epochs=3.0, batch_size=120, basis=200.0)
-    point = TrialPoint(1.0, sampling_rate(batch_size=120, basis=200.0), steps, 3.0)
+    point = _point(1.0, sampling_rate(batch_size=120, basis=200.0), steps, 3.0)
     result = run_trial(config, tiny, sampling_basis=200.0, charged_points=[point])
     assert result.sampling_rate == point.sampling_rate == 0.6
     assert result.steps == result.noise_additions == steps and not result.diverged

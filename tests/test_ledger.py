@@ -22,7 +22,7 @@ DELTA = 1e-5
 
 
 def search_event(sigma: float = 1.2) -> de.DpEvent:
-    return de.RepeatAndSelectDpEvent(A.trial_event(sigma, 0.1, 150, 6.0), 3.0, math.inf)
+    return de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=sigma, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
 
 
 def test_reserve_commit_and_totals_compose(tmp_path: Path) -> None:
@@ -32,12 +32,12 @@ def test_reserve_commit_and_totals_compose(tmp_path: Path) -> None:
     b = led.reserve(FP, "s2", search_event(2.0))
     led.commit(a)
     assert [c.status for c in led.charges(FP)] == ["committed", "reserved"]  # unclosed still listed
-    composed = A.epsilon(de.ComposedDpEvent([search_event(), search_event(2.0)]), DELTA)
+    composed = A.epsilon([de.ComposedDpEvent([search_event(), search_event(2.0)])], DELTA)
     assert led.spent(FP) == pytest.approx(composed, rel=1e-9)
-    summed = A.epsilon(search_event(), DELTA) + A.epsilon(search_event(2.0), DELTA)
+    summed = A.epsilon([search_event()], DELTA) + A.epsilon([search_event(2.0)], DELTA)
     assert led.spent(FP) < summed  # composition in RDP, not addition of ε
     led.abort(b)
-    assert led.spent(FP) == pytest.approx(A.epsilon(search_event(), DELTA), rel=1e-9)
+    assert led.spent(FP) == pytest.approx(A.epsilon([search_event()], DELTA), rel=1e-9)
     led.commit(a)  # idempotent
     with pytest.raises(ValueError):
         led.commit(b)
@@ -70,7 +70,7 @@ def test_reservation_survives_sigkill(tmp_path: Path) -> None:
         from dptune import accounting as A
         from dptune.ledger import Ledger
         led = Ledger({str(path)!r})
-        led.reserve({FP!r}, "killed", de.RepeatAndSelectDpEvent(A.trial_event(1.2, 0.1, 150, 6.0), 3.0, math.inf))
+        led.reserve({FP!r}, "killed", de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=1.2, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf))
         print("reserved", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -80,7 +80,7 @@ def test_reservation_survives_sigkill(tmp_path: Path) -> None:
     led = Ledger(path)
     [charge] = led.charges(FP)
     assert charge.status == "reserved" and charge.name == "killed"
-    assert led.spent(FP) == pytest.approx(A.epsilon(search_event(), DELTA), rel=1e-9)
+    assert led.spent(FP) == pytest.approx(A.epsilon([search_event()], DELTA), rel=1e-9)
 
 
 def _reserve_many(path: str, worker: int, n: int, out: mp.Queue) -> None:
@@ -98,7 +98,7 @@ def _reserve_many(path: str, worker: int, n: int, out: mp.Queue) -> None:
 def test_concurrent_writers_lose_nothing_and_never_overspend(tmp_path: Path) -> None:
     path = tmp_path / "l.sqlite"
     led = Ledger(path)
-    one = A.epsilon(search_event(1.5), DELTA)
+    one = A.epsilon([search_event(1.5)], DELTA)
     led.set_budget(FP, 4.5 * one, DELTA)  # fits some but not all of the 2 x 8 attempts
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
@@ -130,3 +130,33 @@ def test_ledger_cli(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--epsilon" in r.stderr
     r = subprocess.run(run + ["show", "--ledger", str(tmp_path / "missing.sqlite")], capture_output=True, text=True)
     assert r.returncode == 2 and "--ledger" in r.stderr
+
+
+def test_ledger_files_are_owner_only_and_ids_are_random(tmp_path: Path) -> None:
+    """Issue items 4 and 23: the ledger and its key are 0600; the public dataset id is random (not a hash of
+    the data), and two budgets on the same data in two ledgers get different ids."""
+    import stat
+
+    ids = []
+    for name in ("a", "b"):
+        led = Ledger(tmp_path / name / "l.sqlite")
+        led.set_budget(FP, 50.0, DELTA)
+        led.reserve(FP, "x", search_event())
+        for f in (led.path, led.key_path, *led.path.parent.glob("l.sqlite-*")):
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+        ids.append(led.dataset_id(FP))
+    assert ids[0] != ids[1] and FP not in ids and all(len(i) == 32 for i in ids)
+
+
+def test_near_copy_of_a_budgeted_dataset_is_the_same_budget(tmp_path: Path) -> None:
+    """Issue item 11: dropping a few examples changes the fingerprint but not the budget."""
+    import hashlib
+
+    digests = sorted(hashlib.sha256(str(i).encode()).digest() for i in range(1000))
+    led = Ledger(tmp_path / "l.sqlite")
+    led.set_budget(FP, 5.0, DELTA, digests=digests)
+    assert led.same_dataset(FP, digests) == (FP, 1.0)
+    near = digests[:950] + [hashlib.sha256(b"new").digest()]  # 95 % shared
+    assert led.same_dataset("e" * 64, near) == (FP, pytest.approx(950 / 951))
+    far = digests[:500] + [hashlib.sha256(str(-i).encode()).digest() for i in range(1, 600)]
+    assert led.same_dataset("d" * 64, far) is None  # 500/1000 shared: another dataset

@@ -32,8 +32,8 @@ def test_target_epsilon_floor(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     floor = out["noise_multiplier_floor"]
     assert 1.5 < floor < 2.0  # σ = 1.5 costs ≈ 9.6 > 9
-    check = A.StoppingRule("tnb", 3, 0.0).search_event(A.trial_event(floor, 0.04, 2250, 5.0))
-    assert A.epsilon(check, 1e-5) <= 9.0
+    check = A.stopping_rule("tnb", mean=3, eta=0.0).search_event(A.trial_event(noise_multiplier=floor, sampling_rate=0.04, steps=2250, score_noise=5.0))
+    assert A.epsilon([check], 1e-5) <= 9.0
 
 
 def test_space_plan_real_cli() -> None:

@@ -1,8 +1,9 @@
 """The planner's ε for every shipped space is unchanged by refactors (to 1e-9).
 
 ``tests/data/planner_golden.json`` was written by the planner of commit d121573 (before the accounting
-refactor of issue 11) with ``nominal_train_size`` (1000 for spaces without one), f = 1 and f = 0.5.
-Regenerate it only for a deliberate, documented change of the accounting.
+refactor of issue 11) with ``nominal_train_size`` (1000 for spaces without one), f = 1 and f = 0.5, for the
+spaces shipped then (copied to ``tests/data/golden_spaces/``, so later edits of ``search_spaces/`` do not
+move the oracle). Regenerate it only for a deliberate, documented change of the accounting.
 """
 
 from __future__ import annotations

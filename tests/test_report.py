@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -19,11 +20,13 @@ import pytest
 from PIL import Image
 
 from dptune import _plots
-from dptune._search.sealed import RunDir, write_trials
-from dptune.accounting import epsilon
-from dptune.certificate import load_certificate
+from dptune.accounting import epsilon, plan_search
+from dptune.certificate import Certificate, load_certificate
+from dptune.config import load_space
 from dptune.ledger import Ledger
 from dptune.report import ledger_series, main, search_trial_event
+from dptune.rundir import RunDir
+from dptune.trials import read_trials, write_trials
 from tests.conftest import free_port, run_cli
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -113,7 +116,8 @@ def test_stopping_rule_figure_and_known_answers(search_run: tuple[Path, Path, di
                                                 tmp_path: Path) -> None:
     run, _, _ = search_run
     cert = load_certificate(run / "release" / "certificate.json")
-    trial, rule = search_trial_event(cert)
+    trial, rule, tune_fraction = search_trial_event(cert)
+    assert tune_fraction == 1.0
     assert rule.label() == "poisson(mean=3)"
     png = _plots.stopping_rule_figure(trial, cert.delta, (1, 2, 3, 10), tmp_path / "rules.png", mark=rule)
     assert (tmp_path / "rules.png").read_bytes() == png
@@ -122,7 +126,7 @@ def test_stopping_rule_figure_and_known_answers(search_run: tuple[Path, Path, di
     # oracles: the certificate's own ε (Poisson, mean 3), and one composed trial is the trial itself
     assert dict(table["Poisson"])[3.0] == pytest.approx(cert.epsilon, rel=1e-9)
     composed = dict(table["composition (K fixed, every trial charged)"])
-    assert composed[1.0] == pytest.approx(epsilon(trial, cert.delta), rel=1e-9)
+    assert composed[1.0] == pytest.approx(epsilon([trial], cert.delta), rel=1e-9)
     assert composed[10.0] > dict(table["Poisson"])[10.0]  # random stopping beats composing 10 trials here
     with pytest.raises(ValueError):
         _plots.stopping_rule_figure(trial, cert.delta, (0.5, 2))
@@ -145,19 +149,20 @@ def test_failed_trials_and_explicit_paths(search_run: tuple[Path, Path, dict[str
     run, ledger, _ = search_run
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    rows = pq.read_table(copy / "sealed" / "trials.parquet").to_pylist()
-    for r in rows:
-        r["params"] = json.loads(r["params"])
-    rows.append({**rows[0], "index": len(rows), "score": -math.inf, "crashed": True, "error": "RuntimeError: boom"})
+    rows = read_trials(RunDir(copy).trials_file)
+    rows.append(dataclasses.replace(rows[0], index=len(rows), score=-math.inf, crashed=True,
+                                    error="RuntimeError: boom"))
     write_trials(RunDir(copy).trials_file, rows)
     out = tmp_path / "r.html"
-    assert main([str(copy), "--ledger", str(ledger), "--out", str(out)]) == 0
+    # outside sealed/ only when the curator says that place is private (issue item 20)
+    assert main([str(copy), "--ledger", str(ledger), "--out", str(out)]) == 2
+    assert main([str(copy), "--ledger", str(ledger), "--out", str(out), "--out-is-private"]) == 0
     text = out.read_text()
     assert "−∞" in text and "RuntimeError: boom" in text
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     assert capsys.readouterr().err.startswith("WARNING")
     # a crashed trial sits below the real scores, in its own marker
-    png = _plots.score_figure(rows, ["batch_size", "learning_rate"])
+    png = _plots.score_figure([dataclasses.asdict(r) for r in rows], ["batch_size", "learning_rate"])
     _check_png(png)
     _check_png(_plots.score_figure([], []))
 
@@ -212,3 +217,17 @@ def test_cli_module_bad_run_exits_2(tmp_path: Path) -> None:
     r = run_cli(["-m", "dptune.report", str(tmp_path / "missing")], _env(tmp_path / "home"), timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith("WARNING") and "error: run:" in r.stderr
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_search_trial_event_reads_any_search_certificate(fraction: float) -> None:
+    """Issue 11: with search.tune_fraction < 1 the certificate's search event is subsampled (a worst case of
+    the amplified search and its score releases); the report still recovers trial, rule and fraction, and
+    its stopping-rule table prices the run's own rule at the certificate's ε. No Ray."""
+    space = dataclasses.replace(load_space("search_spaces/digits.yaml"), tune_fraction=fraction)
+    plan = plan_search(space, 1257, compare=False)
+    cert = Certificate.build("f" * 64, plan.delta, [("search", plan.search_event)], plan.stopping.describe())
+    trial, rule, tune_fraction = search_trial_event(cert)
+    assert (trial, rule, tune_fraction) == (plan.trial_event, plan.stopping, fraction)
+    table = _plots.stopping_rule_table(trial, cert.delta, (1, rule.mean), tune_fraction=tune_fraction)
+    assert dict(table[rule.family()])[rule.mean] == pytest.approx(cert.epsilon, rel=1e-9)

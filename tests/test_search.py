@@ -22,7 +22,7 @@ SPACE = "search_spaces/digits.yaml"
 
 
 def _seed_with_k(lo: int, hi: int, mean: float = 3.0) -> int:
-    rule = A.StoppingRule("poisson", mean)
+    rule = A.stopping_rule("poisson", mean=mean)
     for s in range(10_000):
         if lo <= rule.draw_k(np.random.default_rng([s, 0])) <= hi:
             return s
@@ -50,16 +50,39 @@ def test_tiny_search_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) ->
     k = draw["k"]
     assert 2 <= k <= 4
 
-    # sealed: owner-only, every trial recorded
+    # sealed: owner-only — the directories 0700 and every file in them 0600, Tune's own files included
+    # (issue item 23); the Ray auth token 0600 in a 0700 ~/.ray (item 17)
     assert stat.S_IMODE((run / "sealed").stat().st_mode) == 0o700
+    for p in (run / "sealed").rglob("*"):
+        assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
+    home = Path(isolated_env["HOME"])
+    assert stat.S_IMODE((home / ".ray").stat().st_mode) == 0o700
+    assert stat.S_IMODE((home / ".ray" / "auth_token").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "ledger.sqlite").stat().st_mode) == 0o600
     trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()
     assert sorted(t["index"] for t in trials) == list(range(k))
-    assert all(t["steps"] and t["steps"] > 0 for t in trials)
+    # 128-bit trial seeds (item 1), distinct
+    assert all(int(t["seed"]) >= 0 for t in trials) and len({t["seed"] for t in trials}) == k
 
     # ledger: reserved (durably) before the first trial started, committed after
     [charge] = Ledger(tmp_path / "ledger.sqlite").charges()
     assert charge.status == "committed"
     assert charge.created < min(t["started"] for t in trials)
+
+    # what ran = what was charged, measured by the trainer (item 8): the noise actually added (count and
+    # std / C), the realised Poisson batch rate and the steps lie within a charged worst-case point
+    cert = json.loads((run / "release" / "certificate.json").read_text())
+    points = [A.TrialPoint(**p) for p in cert["details"]["worst_case"]]
+    for t in trials:
+        m = json.loads(t["measured"])
+        b = json.loads(t["params"])["batch_size"]
+        assert m["noise_additions"] == t["steps"] > 0
+        sigma = m["noise_std"] / 1.0  # max_grad_norm C = 1 in the digits space
+        q = m["mean_batch_size"] / 1257
+        assert abs(q - b / 1257) < 6 * math.sqrt(b / 1257 / (1257 * t["steps"]))  # binomial, 6 s.d.
+        assert m["applied_score_noise"] == 6.0
+        assert any(p.noise_multiplier <= sigma * 1.05 and p.sampling_rate >= b / 1257 * (1 - 1e-12)
+                   and p.steps >= t["steps"] and p.score_noise == m["applied_score_noise"] for p in points), t
 
     # release: exactly the best trial's config, and a certificate matching the planner
     best = max(trials, key=lambda t: (t["score"] if math.isfinite(t["score"]) else -math.inf, -t["index"]))
@@ -69,7 +92,11 @@ def test_tiny_search_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) ->
     assert released["score"] == pytest.approx(best["score"])
     assert "seed" not in released["config"]
     assert sorted(p.name for p in (run / "release").iterdir()) == ["best_config.yaml", "certificate.json"]
-    cert = json.loads((run / "release" / "certificate.json").read_text())
+    # the release cannot date the search's end (item 16): file times = the reservation, a day-only date
+    for p in [run / "release", *(run / "release").iterdir()]:
+        assert p.stat().st_mtime == pytest.approx(charge.created, abs=1e-3), p
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", cert["created"])
+    assert cert["guarantee"]["reproducible"] is True and "NOT PRIVATE" in cert["guarantee"]["warning"]
     space = load_space(SPACE)
     space = type(space)(**{**space.__dict__, "fixed": space.fixed.replace(epochs=2)})
     plan = A.plan_search(space, 1257)
@@ -82,20 +109,29 @@ def test_tiny_search_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) ->
         assert '"k"' not in f.read_text().lower()
     _no_k(r.stdout, k)
     assert "127.0.0.1" in r.stdout  # dashboard on loopback, URL printed
+    assert "next:   python -m dptune.train --release" in r.stdout
+    # the Ray session lived in an owner-only temp dir, removed afterwards, not in world-readable /tmp/ray
+    assert not any(Path("/tmp/ray").glob("session_*")) or all(
+        p.stat().st_mtime < charge.created for p in Path("/tmp/ray").glob("session_2*"))
 
 
 @pytest.mark.ray
 def test_k_zero_releases_the_default(tmp_path: Path, isolated_env: dict[str, str]) -> None:
-    rule = A.StoppingRule("poisson", 3.0)
+    rule = A.stopping_rule("poisson", mean=3.0)
     hook = next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
     env = {**isolated_env, "DPTUNE_TEST_DRAW_SEED": str(hook)}
-    r = run_cli(_search_args(tmp_path, "k0"), env)
+    args = _search_args(tmp_path, "k0")
+    del args[args.index("--name"):args.index("--name") + 2]  # the default name: random, not a start time
+    r = run_cli(args, env)
     assert r.returncode == 0, r.stderr
-    released = yaml.safe_load((tmp_path / "runs" / "k0" / "release" / "best_config.yaml").read_text())
+    [run] = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"digits-[0-9a-f]{8}", run.name), run.name
+    assert "NOT PRIVATE" in r.stdout + r.stderr  # the test hook is labelled like --seed (item 9)
+    released = yaml.safe_load((run / "release" / "best_config.yaml").read_text())
     default = load_space(SPACE).default
     for key in ("learning_rate", "batch_size", "groups", "noise_multiplier"):
         assert released["config"][key] == getattr(default, key)
-    cert = json.loads((tmp_path / "runs" / "k0" / "release" / "certificate.json").read_text())
+    cert = json.loads((run / "release" / "certificate.json").read_text())
     assert cert["epsilon"] > 0  # the theorem's charge is paid whatever K is
     assert Ledger(tmp_path / "ledger.sqlite").charges()[0].status == "committed"
 
@@ -125,6 +161,18 @@ def test_bad_search_input_exits_2(tmp_path: Path, isolated_env: dict[str, str], 
     assert not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").charges() == []
 
 
+def test_world_readable_ray_token_is_refused_before_any_charge(tmp_path: Path,
+                                                               isolated_env: dict[str, str]) -> None:
+    """Issue item 17: whoever reads the token drives the dashboard's job API as the curator."""
+    token = Path(isolated_env["HOME"]) / ".ray" / "auth_token"
+    token.parent.mkdir(mode=0o700)
+    token.write_text("0" * 64)
+    token.chmod(0o644)
+    r = run_cli(_search_args(tmp_path, "tok"), isolated_env)
+    assert r.returncode == 2 and "chmod 600" in r.stderr and str(token) in r.stderr, r.stderr
+    assert not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").charges() == []
+
+
 def test_bad_yaml_exits_2(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     bad = tmp_path / "s.yaml"
     bad.write_text(Path(SPACE).read_text() + "\nunknown_key: 1\n")
@@ -136,17 +184,19 @@ def test_bad_yaml_exits_2(tmp_path: Path, isolated_env: dict[str, str]) -> None:
 
 @pytest.mark.ray
 def test_tpe_runs_under_composed_accounting(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    # --checkpoint-every: mid-trial reports carry no score; TPE must still run (issue item 21)
     r = run_cli(_search_args(tmp_path, "tpe", "--searcher", "tpe", "--accounting", "composed", "--trials", "2",
-                             "--seed", "1"), isolated_env)
+                             "--seed", "1", "--checkpoint-every", "1"), isolated_env)
     assert r.returncode == 0, r.stdout + r.stderr
     run = tmp_path / "runs" / "tpe"
     cert = json.loads((run / "release" / "certificate.json").read_text())
     assert cert["stopping"] == {"rule": "composed", "mean": 2.0}
     assert cert["details"]["searcher"] == "tpe" and cert["details"]["accounting"] == "composed"
     trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()
-    assert len(trials) == 2 and all(t["steps"] > 0 for t in trials)
+    assert len(trials) == 2 and all(t["steps"] > 0 and not t["crashed"] for t in trials)
+    assert len({t["seed"] for t in trials}) == 2 and all(int(t["seed"]) > 2**64 for t in trials)  # 128-bit
     worst = A.worst_case_event([A.TrialPoint(**p) for p in cert["details"]["worst_case"]])
-    assert cert["epsilon"] == pytest.approx(A.epsilon(A.StoppingRule("composed", 2).search_event(worst), 1e-5))
+    assert cert["epsilon"] == pytest.approx(A.epsilon([A.stopping_rule("composed", mean=2).search_event(worst)], 1e-5))
 
 
 @pytest.mark.ray
@@ -176,5 +226,9 @@ def test_subsample_tuning(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     # the search on the subsample, unamplified: trials at q = B/(f·n), then amplified by hand
     space = type(space)(**{**space.__dict__, "fixed": space.fixed.replace(epochs=2), "tune_fraction": 1.0})
     inner = A.plan_search(space, 0.5 * 1257).search_event  # type: ignore[arg-type]
-    assert cert["epsilon"] == pytest.approx(A.epsilon(A.subsampled_search_event(inner, 0.5), 1e-5), rel=1e-9)
+    assert cert["epsilon"] == pytest.approx(A.epsilon([A.subsampled_search_event(inner, fraction=0.5)], 1e-5), rel=1e-9)
     assert cert["details"]["tune_fraction"] == 0.5
+    # the curator report reads a subsample run's certificate (issue 11 item 2: it used to fail on every one)
+    rep = run_cli(["-m", "dptune.report", str(run)], isolated_env)
+    assert rep.returncode == 0, rep.stderr
+    assert "poisson" in (run / "sealed" / "report.html").read_text()

@@ -14,10 +14,11 @@ import pytest
 import yaml
 from dp_accounting import dp_event as de
 from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from dptune import accounting as A
 from dptune._params import trial_steps
-from dptune.certificate import compose_epsilon, load_certificate
+from dptune.certificate import load_certificate, verify_binding
 from dptune.config import ConfigError
 from dptune.ledger import Ledger
 from dptune.train import main as train_main
@@ -28,7 +29,7 @@ N_TRAIN, N_VAL = 1257, 180  # digits: 1797 - 360 test - 180 validation
 
 
 def _seed_with_k(k: int) -> int:
-    rule = A.StoppingRule("poisson", 3.0)
+    rule = A.stopping_rule("poisson", mean=3.0)
     return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == k)
 
 
@@ -79,20 +80,20 @@ def _sgd_part(cert_events: list[tuple[str, de.DpEvent]]) -> de.PoissonSampledDpE
 
 
 def test_calibration_is_tight() -> None:
-    prior = [A.StoppingRule("poisson", 3.0).search_event(A.trial_event(2.0, 0.1, 40, 6.0))]
+    prior = [A.stopping_rule("poisson", mean=3.0).search_event(A.trial_event(noise_multiplier=2.0, sampling_rate=0.1, steps=40, score_noise=6.0))]
     q, steps, delta = 128 / N_TRAIN, 20, 1e-5
-    prior_eps = compose_epsilon(prior, delta)
+    prior_eps = A.epsilon(prior, delta)
     target = prior_eps + 1.0
-    sigma = A.calibrate_noise_multiplier(prior, q, steps, delta, target)
-    assert compose_epsilon([*prior, A.trial_event(sigma, q, steps, None)], delta) <= target
-    assert compose_epsilon([*prior, A.trial_event(0.99 * sigma, q, steps, None)], delta) > target
+    sigma = A.calibrate_noise_multiplier(prior, sampling_rate=q, steps=steps, delta=delta, target_epsilon=target)
+    assert A.epsilon([*prior, A.trial_event(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=None)], delta) <= target
+    assert A.epsilon([*prior, A.trial_event(noise_multiplier=0.99 * sigma, sampling_rate=q, steps=steps, score_noise=None)], delta) > target
     # no prior: the public dp_accounting API agrees that the σ found fits
-    alone = A.calibrate_noise_multiplier([], q, steps, delta, 2.0)
+    alone = A.calibrate_noise_multiplier([], sampling_rate=q, steps=steps, delta=delta, target_epsilon=2.0)
     acc = RdpAccountant()
-    acc.compose(A.trial_event(alone, q, steps, None))
+    acc.compose(A.trial_event(noise_multiplier=alone, sampling_rate=q, steps=steps, score_noise=None))
     assert acc.get_epsilon(delta) <= 2.0
-    with pytest.raises(ConfigError, match="target-epsilon"):
-        A.calibrate_noise_multiplier(prior, q, steps, delta, prior_eps * 0.99)
+    with pytest.raises(ConfigError, match="target_epsilon"):  # the field; the train CLI maps it to its flag
+        A.calibrate_noise_multiplier(prior, sampling_rate=q, steps=steps, delta=delta, target_epsilon=prior_eps * 0.99)
 
 
 def test_final_training_end_to_end(release: tuple[Path, Path], tmp_path: Path) -> None:
@@ -112,20 +113,25 @@ def test_final_training_end_to_end(release: tuple[Path, Path], tmp_path: Path) -
     released = yaml.safe_load((rel / "best_config.yaml").read_text())["config"]
     batch, steps = released["batch_size"], trial_steps(epochs=released["epochs"], batch_size=released["batch_size"], basis=N_TRAIN)
     metrics = json.loads((out / "metrics.json").read_text())
-    assert 0 <= metrics["test_accuracy"] <= 1 and metrics["steps"] == steps and metrics["seconds"] > 0
-    seed_file = out / "private_seed.json"
-    assert json.loads(seed_file.read_text())["seed"] == 7
-    assert stat.S_IMODE(seed_file.stat().st_mode) == 0o600
+    assert 0 <= metrics["test_accuracy"] <= 1 and metrics["steps"] == steps
+    # the shareable folder holds no secret and nothing that times or counts (issue items 14, 22): the seed,
+    # the ledger row, the timing, the local path and the divergence flag are sealed with the search
+    assert sorted(p.name for p in out.iterdir()) == ["certificate.json", "metrics.json", "model.pt"]
+    assert not {"seconds", "started", "ledger_charge", "release", "diverged", "seed"} & set(metrics)
+    [record] = (rel.parent / "sealed" / "final").glob("final-*.json")
+    sealed = json.loads(record.read_text())
+    assert sealed["seed"] == "7" and sealed["seconds"] > 0 and "ledger_charge" in sealed
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
     assert '"seed"' not in (out / "certificate.json").read_text() + (out / "metrics.json").read_text()
 
     # the certificate verifies; its ε is the RDP composition: below the sum of the parts, above each
     cert = load_certificate(out / "certificate.json")
     search_cert = load_certificate(rel / "certificate.json")
     assert [role for role, _ in cert.events] == ["search", "final_training"]
-    search_eps = compose_epsilon([cert.events[0][1]], cert.delta)
-    final_eps = compose_epsilon([cert.events[1][1]], cert.delta)
+    search_eps = A.epsilon([cert.events[0][1]], cert.delta)
+    final_eps = A.epsilon([cert.events[1][1]], cert.delta)
     total_rdp = sum(A.rdp_of(e) for _, e in cert.events)
-    assert cert.epsilon == pytest.approx(A.epsilon_from_rdp(total_rdp, cert.delta)[0], rel=1e-9)
+    assert cert.epsilon == pytest.approx(compute_epsilon(A.ORDERS, total_rdp, cert.delta)[0], rel=1e-9)
     assert search_eps == pytest.approx(search_cert.epsilon)
     assert max(search_eps, final_eps) <= cert.epsilon < search_eps + final_eps
     poisson = _sgd_part(cert.events)
@@ -137,8 +143,11 @@ def test_final_training_end_to_end(release: tuple[Path, Path], tmp_path: Path) -
     final = [c for c in charges if c.name.startswith("final_training")]
     assert charges[0].name == "s" and len(final) == 1
     assert all(c.status == "committed" for c in charges)
-    assert final[0].created < metrics["started"]
+    assert final[0].created < sealed["started"]
     assert final[0].epsilon == pytest.approx(final_eps)
+    # the composed certificate is re-bound: both events are the ledger's authenticated charges
+    bound = verify_binding(cert, Ledger(ledger_path))
+    assert [c.name for c in bound] == ["s", final[0].name]
 
 
 def test_target_epsilon_on_train_and_validation(release: tuple[Path, Path], tmp_path: Path,
@@ -158,16 +167,21 @@ def test_target_epsilon_on_train_and_validation(release: tuple[Path, Path], tmp_
 
 def test_over_budget_exits_2_and_stores_nothing(release: tuple[Path, Path], tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    rel, _ = release
+    """The budget is checked against everything the certificate composes (the search's charge is in the
+    search's ledger, which final training must use: issue item 19)."""
+    rel, ledger_path = release
+    ledger = Ledger(ledger_path)
     search = load_certificate(rel / "certificate.json")
-    ledger = Ledger(tmp_path / "small.sqlite")
-    ledger.set_budget(search.dataset_fingerprint, search.epsilon + 0.05, search.delta)
-    ledger.commit(ledger.reserve(search.dataset_fingerprint, "s", search.events[0][1]))
-    before = ledger.charges()
-    rc, _, err = _train(capsys, "--release", str(rel), "--out", str(tmp_path / "o"), "--ledger",
-                        str(tmp_path / "small.sqlite"), "--seed", "1")
-    assert rc == 2 and "budget" in err
-    assert ledger.charges() == before and not (tmp_path / "o" / "model.pt").exists()
+    fingerprint = ledger.fingerprint_of(search.dataset_id)
+    assert fingerprint is not None
+    ledger.set_budget(fingerprint, search.epsilon + 0.05, search.delta)
+    try:
+        before = ledger.charges()
+        rc, _, err = _train(capsys, "--release", str(rel), "--out", str(tmp_path / "o"), "--seed", "1")
+        assert rc == 2 and "budget" in err
+        assert ledger.charges() == before and not (tmp_path / "o" / "model.pt").exists()
+    finally:
+        ledger.set_budget(fingerprint, 30.0, search.delta)
 
 
 def _tamper_epsilon(d: Path) -> None:
@@ -189,7 +203,7 @@ def _edit_config(key: str, value: object, delete: bool = False) -> object:
 
 def _other_dataset(d: Path) -> None:
     c = json.loads((d / "certificate.json").read_text())
-    c["dataset_fingerprint"] = "0" * 64
+    c["dataset_id"] = "0" * 32
     (d / "certificate.json").write_text(json.dumps(c))
 
 
@@ -201,7 +215,7 @@ def _other_dataset(d: Path) -> None:
     (_edit_config("noise_multiplier", None, delete=True), "best_config.config.noise_multiplier: is missing"),
     (_edit_config("batch_size", "big"), "best_config.config.batch_size"),
     (lambda d: (d / "best_config.yaml").write_text("config: [unclosed\n"), "best_config.yaml"),
-    (_other_dataset, "certified for another dataset"),
+    (_other_dataset, "certificate.binding"),
     (lambda d: (d / "best_checkpoint.pt").unlink(), "--save-checkpoint"),
 ])
 def test_bad_release_exits_2(release: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -212,8 +226,8 @@ def test_bad_release_exits_2(release: tuple[Path, Path], tmp_path: Path, capsys:
     edit(copy)
     before = Ledger(ledger_path).charges()
     extra = ["--use-best-checkpoint"] if message == "--save-checkpoint" else ["--seed", "1"]
-    rc, _, err = _train(capsys, "--release", str(copy), "--out", str(tmp_path / "o"), "--ledger",
-                        str(ledger_path), *extra)
+    rc, _, err = _train(capsys, "--release", str(copy), "--run", str(rel.parent), "--out", str(tmp_path / "o"),
+                        "--ledger", str(ledger_path), *extra)
     assert rc == 2 and err.startswith("error: ") and message in err, err  # exit 2 before any warning
     assert Ledger(ledger_path).charges() == before and not (tmp_path / "o" / "model.pt").exists()
 
@@ -224,7 +238,7 @@ def test_no_budget_and_impossible_target_exit_2(release: tuple[Path, Path], tmp_
     Ledger(tmp_path / "empty.sqlite")
     rc, _, err = _train(capsys, "--release", str(rel), "--out", str(tmp_path / "o"), "--ledger",
                         str(tmp_path / "empty.sqlite"), "--seed", "1")
-    assert rc == 2 and "no privacy budget" in err and "set-budget" in err
+    assert rc == 2 and "--ledger" in err and "the search was charged to" in err
     before = Ledger(ledger_path).charges()
     search_eps = load_certificate(rel / "certificate.json").epsilon
     rc, _, err = _train(capsys, "--release", str(rel), "--out", str(tmp_path / "o"), "--ledger", str(ledger_path),

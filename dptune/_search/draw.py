@@ -2,8 +2,10 @@
 
 Randomness comes from the OS (``secrets``): K, the trial configs and every trial's seed (which drives
 DP-SGD's and the score's noise) must be unpredictable to anyone but the curator, or the random-stopping
-and Gaussian-noise guarantees do not hold. ``--seed`` makes a run reproducible and is labelled NOT
-PRIVATE. ``DPTUNE_TEST_DRAW_SEED`` (a test hook, not a user option) fixes the draw seed.
+and Gaussian-noise guarantees do not hold. Every secret is 128 bits wide: a 31-bit trial seed could be
+enumerated (≈ 5 core-hours) to recover the noise of a released score and so the exact validation count.
+``--seed`` makes a run reproducible and is labelled NOT PRIVATE. ``DPTUNE_TEST_DRAW_SEED`` (a test hook,
+not a user option) fixes the draw seed, and is labelled NOT PRIVATE the same way.
 """
 
 from __future__ import annotations
@@ -19,13 +21,21 @@ from typing import Any
 import numpy as np
 import optuna.distributions as od
 
-from dptune._search.sealed import write_private
 from dptune.accounting import StoppingRule
 from dptune.config import SearchSpace
+from dptune.rundir import write_private
 
 __all__ = ["Draw", "make_draw", "sample_params"]
 
 TEST_HOOK = "DPTUNE_TEST_DRAW_SEED"
+SECRET_BITS = 128
+_STREAMS = {"k": 0, "params": 1, "subsample": 2, "trial_seed": 3, "searcher": 4}
+
+
+def _derived(draw_seed: int, *key: int) -> int:
+    """A 128-bit value derived from the draw seed (independent per key: numpy SeedSequence)."""
+    words = np.random.SeedSequence([draw_seed, *key]).generate_state(SECRET_BITS // 32, np.uint32)
+    return int.from_bytes(words.astype("<u4").tobytes(), "little")
 
 
 def sample_params(space: dict[str, od.BaseDistribution], rng: np.random.Generator) -> dict[str, Any]:
@@ -36,8 +46,8 @@ def sample_params(space: dict[str, od.BaseDistribution], rng: np.random.Generato
         if isinstance(d, od.CategoricalDistribution):
             out[name] = d.choices[int(rng.integers(len(d.choices)))]
         elif isinstance(d, od.IntDistribution):
-            if d.log:
-                v = int(round(math.exp(rng.uniform(math.log(d.low), math.log(d.high + 1) - 1e-12) - 0.5)))
+            if d.log:  # floor(exp(U[log low, log(high + 1)))): every value of low..high, log-uniformly
+                v = math.floor(math.exp(rng.uniform(math.log(d.low), math.log(d.high + 1))))
                 out[name] = int(min(max(v, d.low), d.high))
             else:
                 out[name] = int(d.low + d.step * rng.integers((d.high - d.low) // d.step + 1))
@@ -63,6 +73,10 @@ class Draw:
     stopping: dict[str, Any]
     reproducible: bool
 
+    def stream_seed(self, name: str) -> int:
+        """128-bit seed of one of the draw's secret streams (``subsample``, ``searcher``)."""
+        return _derived(self.draw_seed, _STREAMS[name])
+
     def save(self, path: Path) -> None:
         write_private(path, json.dumps(asdict(self), indent=1))
 
@@ -79,12 +93,13 @@ def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None) -
     elif seed is not None:
         draw_seed, reproducible = int(seed), True
     else:
-        draw_seed, reproducible = secrets.randbits(63), False
-    k = rule.draw_k(np.random.default_rng([draw_seed, 0]))
+        draw_seed, reproducible = secrets.randbits(SECRET_BITS), False
+    k = rule.draw_k(np.random.default_rng([draw_seed, _STREAMS["k"]]))
     trials = []
     for i in range(k):
-        rng = np.random.default_rng([draw_seed, 1, i])
+        rng = np.random.default_rng([draw_seed, _STREAMS["params"], i])
         params = sample_params(space.space, rng) if space.searcher == "random" else {}
-        trial_seed = secrets.randbits(31) if not reproducible else int(rng.integers(2**31 - 1))
-        trials.append({"index": i, "params": params, "seed": trial_seed})
+        # each trial's entropy: fresh from the OS (private runs), or derived (reproducible runs only)
+        entropy = _derived(draw_seed, _STREAMS["trial_seed"], i) if reproducible else secrets.randbits(SECRET_BITS)
+        trials.append({"index": i, "params": params, "seed": entropy})
     return Draw(k=k, draw_seed=draw_seed, trials=trials, stopping=rule.describe(), reproducible=reproducible)

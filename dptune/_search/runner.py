@@ -1,13 +1,20 @@
-"""Ray Tune execution of a sealed draw (the only place that starts or joins Ray)."""
+"""Ray Tune execution of a sealed draw (with ``raysession``, the only place that imports Ray).
+
+An interrupted run (SIGINT, or SIGTERM from a cluster scheduler) never releases: Tune stops gracefully and
+saves its experiment state, :class:`SearchInterrupted` carries the trials that finished (they are sealed),
+and ``--resume`` runs the rest of the same draw. Releasing the best of the trials that happened to finish
+would cap K, which random stopping forbids (rule 1).
+"""
 
 from __future__ import annotations
 
-import logging
-import math
 import os
+import signal
 import threading
 import time
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,56 +23,35 @@ from ray import tune
 from ray.tune import Callback
 
 from dptune._search.draw import Draw
-from dptune._search.sealed import RunDir
+from dptune._search.options import RayOptions
+from dptune._search.searchers import searcher
 from dptune._search.trainable import dptune_trial
-from dptune.config import ConfigError, SearchSpace
+from dptune.config import SearchSpace
+from dptune.errors import ConfigError
+from dptune.rundir import RunDir
+from dptune.trials import TrialRow
 
-__all__ = ["RayOptions", "make_tuner", "run_trials", "start_ray"]
+__all__ = ["SearchFailed", "SearchInterrupted", "make_tuner", "run_trials"]
 
 # Tune's default CSV/JSON/TensorBoard loggers hold per-trial metrics and cost time per trial; dptune
-# writes its own sealed record. Trials keep the driver's working directory.
+# writes its own sealed record. Trials keep the driver's working directory. Mid-trial checkpoint reports
+# carry no score: Tune must not insist on the searcher's metric in them.
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
 
 
-@dataclass(frozen=True)
-class RayOptions:
-    address: str | None = None
-    num_cpus: int | None = None
-    cpus_per_trial: float = 1.0
-    gpus_per_trial: str = "auto"
-    dashboard_host: str = "127.0.0.1"
-    dashboard_port: int | None = None
-    max_failures: int = 3
-    checkpoint_every: int = 0
-    save_model: bool = False
-    job_metadata: dict[str, str] = field(default_factory=dict)
+class SearchInterrupted(Exception):
+    """The run was interrupted: ``rows`` finished (sealed), the rest runs on ``--resume``."""
+
+    def __init__(self, rows: list[TrialRow]) -> None:
+        super().__init__("interrupted")
+        self.rows = rows
 
 
-def start_ray(opts: RayOptions) -> str | None:
-    """Join ``opts.address`` or start a local Ray with its dashboard on ``opts.dashboard_host``.
-
-    Returns the dashboard URL (None if unknown). Worker output is not forwarded to this terminal: it
-    would carry per-trial details.
-    """
-    job_config = ray.job_config.JobConfig(metadata=opts.job_metadata)
-    if opts.address:
-        ctx = ray.init(address=opts.address, log_to_driver=False, job_config=job_config,
-                       configure_logging=True, logging_level=logging.WARNING)
-    else:
-        kwargs: dict[str, Any] = {}
-        if opts.dashboard_port is not None:
-            kwargs["dashboard_port"] = opts.dashboard_port
-        # address="local": always a new private instance, never a Ray someone else advertised on this machine
-        ctx = ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=True, dashboard_host=opts.dashboard_host,
-                       log_to_driver=False, job_config=job_config, logging_level=logging.WARNING, **kwargs)
-    for name in ("ray.tune", "ray.train", "ray.air"):  # their warnings can count trials
-        logging.getLogger(name).setLevel(logging.ERROR)
-    url = getattr(ctx, "dashboard_url", None)
-    if url and not str(url).startswith("http"):
-        url = "http://" + str(url)
-    return url
+class SearchFailed(Exception):
+    """Ray Tune itself failed; the traceback (which may name trial configs) is in sealed/logs only."""
 
 
 def _gpus(opts: RayOptions) -> float:
@@ -93,16 +79,17 @@ class _SealedLog(Callback):
         self.show = show
         self.recoveries: dict[int, int] = {}
 
+    def _write(self, line: str) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(line + "\n")
+        if self.show:
+            print(f"[curator] {line}", flush=True)
+
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         index = int(trial.config.get("trial_index", -1))
         self.recoveries[index] = self.recoveries.get(index, 0) + 1
         self._write(f"trial {index} lost its worker (infrastructure); retried as the same trial")
-
-    def _write(self, line: str) -> None:
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-        if self.show:
-            print(f"[curator] {line}", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         r = trial.last_result or {}
@@ -114,7 +101,7 @@ class _SealedLog(Callback):
 
 
 class _Heartbeat:
-    """Private-mode progress: elapsed time only (counts would reveal K)."""
+    """Private-mode progress for the curator's terminal: elapsed time only (counts would reveal K)."""
 
     def __init__(self, every: float = 15.0) -> None:
         self.every = every
@@ -136,15 +123,16 @@ class _Heartbeat:
 
 
 def make_tuner(trainable: Any, trials: int, storage: Path, callbacks: list[Callback], max_failures: int,
-               search_alg: Any = None) -> tune.Tuner:
+               search_alg: Any = None, scheduler: Any = None) -> tune.Tuner:
     """dptune's Tune settings: all trials in one fit, reused actors (no per-trial process start and
     torch/Opacus import), no per-trial logger files, quiet driver (bench/trial_overhead.py measures this)."""
     if search_alg is not None:
         param_space: dict[str, Any] = {}
-        tune_config = tune.TuneConfig(num_samples=trials, search_alg=search_alg, reuse_actors=True)
+        tune_config = tune.TuneConfig(num_samples=trials, search_alg=search_alg, scheduler=scheduler,
+                                      reuse_actors=True)
     else:
         param_space = {"trial_index": tune.grid_search(list(range(trials)))}
-        tune_config = tune.TuneConfig(num_samples=1, reuse_actors=True)
+        tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True)
     run_config = tune.RunConfig(
         name="tune", storage_path=str(storage.resolve()), verbose=0, callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=max_failures),
@@ -153,62 +141,75 @@ def make_tuner(trainable: Any, trials: int, storage: Path, callbacks: list[Callb
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
 
 
-def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions,
-               show_trials: bool = False, resume: bool = False,
-               sampling_basis: float | None = None) -> list[dict[str, Any]]:
-    """Run the draw's trials on Ray Tune; return one row per trial (sealed data)."""
-    gpus = _gpus(opts)
-    resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
+@contextmanager
+def _sigterm_as_sigint() -> Iterator[None]:
+    """A cluster scheduler's SIGTERM stops the search like Ctrl-C: gracefully, state saved, no release."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _SealedLog, opts: RayOptions,
+           resume: bool) -> tune.Tuner:
+    exp_dir = run.ray_dir / "tune"
+    if resume and tune.Tuner.can_restore(str(exp_dir)):  # unpickles: only the sealed dir this search wrote
+        return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    alg = searcher(space.searcher).search_alg(space, draw.stream_seed("searcher"))
+    return make_tuner(trainable, draw.k, run.ray_dir, [log], opts.max_failures, alg)
+
+
+def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions, *,
+               show_trials: bool = False, resume: bool = False, sampling_basis: float | None = None,
+               charged_points: Sequence[Any] = ()) -> list[TrialRow]:
+    """Run the draw's trials on Ray Tune; one sealed row per trial. Raises :class:`SearchInterrupted`
+    (some trials did not finish) or :class:`SearchFailed` (Tune itself failed)."""
+    resources = {"cpu": opts.cpus_per_trial, "gpu": _gpus(opts)}
     fixed = {k: v for k, v in space.fixed.to_public_dict().items() if k not in space.space}
-    adaptive = space.searcher != "random"
     trainable = tune.with_resources(
         tune.with_parameters(dptune_trial, data=data, slots=draw.trials, fixed=fixed,
                              threads=max(1, int(opts.cpus_per_trial)), save_model=opts.save_model,
-                             checkpoint_every=opts.checkpoint_every, adaptive_seed_base=draw.draw_seed,
-                             sampling_basis=sampling_basis),
+                             checkpoint_every=opts.checkpoint_every, adaptive_seed_base=draw.stream_seed("searcher"),
+                             sampling_basis=sampling_basis, charged_points=list(charged_points)),
         resources)
-    exp_dir = run.ray_dir / "tune"
     log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)
-    callbacks: list[Callback] = [log]
-    if resume and tune.Tuner.can_restore(str(exp_dir)):
-        tuner = tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
-                                   resume_errored=True)
-    else:
-        search_alg = None
-        if adaptive:
-            from optuna.samplers import TPESampler
-            from ray.tune.search.optuna import OptunaSearch
-
-            search_alg = OptunaSearch(space=dict(space.space), metric="score", mode="max",
-                                      sampler=TPESampler(seed=draw.draw_seed % (2**31)))  # seed the sampler
-        tuner = make_tuner(trainable, draw.k, run.ray_dir, callbacks, opts.max_failures, search_alg)
-    with _Heartbeat():
-        grid = tuner.fit()
-    rows = []
-    for i in range(len(grid)):
-        res = grid[i]
-        m = dict(res.metrics or {})
-        index = m.get("trial_index", res.config.get("trial_index", i) if res.config else i)
-        if index == -1:
-            index = i
-        if res.error is not None or not m.get("final"):
-            # retries exhausted on infrastructure failures: the trial still counts, with score −∞
-            m = {"score": -math.inf, "crashed": True, "diverged": False,
-                 "error": f"infrastructure: {str(res.error)[:300]}", "params": m.get("params", res.config)}
-        slot_seed = draw.trials[index]["seed"] if not adaptive and index < len(draw.trials) else m.get("seed")
-        rows.append({
-            "index": int(index), "params": m.get("params", {}), "seed": slot_seed, "score": m.get("score"),
-            "val_accuracy_raw": m.get("val_accuracy_raw"), "diverged": bool(m.get("diverged", False)),
-            "crashed": bool(m.get("crashed", False)), "error": m.get("error", ""), "steps": m.get("steps"),
-            "sampling_rate": m.get("sampling_rate"), "noise_multiplier": m.get("noise_multiplier"),
-            "seconds": m.get("seconds"), "started": m.get("started"), "node": m.get("node_id", ""),
-            "attempts": max(int(m.get("attempts", 1)), 1 + log.recoveries.get(int(index), 0)),
-            "checkpoint": res.checkpoint.path if res.checkpoint is not None and m.get("final") else None,
-        })
-    rows.sort(key=lambda r: r["index"])
+    try:
+        with _Heartbeat(), _sigterm_as_sigint():
+            grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
+    except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
+        (run.sealed / "logs").mkdir(exist_ok=True)
+        fd = os.open(run.sealed / "logs" / "driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(traceback.format_exc())
+        raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); the traceback is in "
+                           f"{run.sealed / 'logs' / 'driver.log'} (curator only)") from None
+    rows, unfinished = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive)
+    rows.sort(key=lambda r: r.index)
+    if any(r.error.startswith("ChargeMismatch") for r in rows):  # refused before touching data: a dptune bug
+        raise SearchFailed("a trial's (q, T, σ, score noise) lay outside the charged points; it refused to run "
+                           "and nothing is released (see sealed/logs/trials.log)")
+    if unfinished:
+        raise SearchInterrupted(rows)
     return rows
 
 
-def shutdown() -> None:
-    if ray.is_initialized():
-        ray.shutdown()
+def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool) -> tuple[list[TrialRow], int]:
+    rows, unfinished = [], 0
+    for i in range(len(grid)):
+        res = grid[i]
+        m = dict(res.metrics or {})
+        index = m.get("trial_index", (res.config or {}).get("trial_index", i))
+        index = i if index == -1 else int(index)
+        seed = str(m.get("seed", "0")) if adaptive else draw.trials[index]["seed"]
+        if res.error is not None:  # retries exhausted on infrastructure failures: counts, score −∞
+            rows.append(TrialRow.crashed_row(index, seed or 0, m.get("params") or dict(res.config or {}),
+                                             f"infrastructure: {str(res.error)[:300]}"))
+        elif not m.get("final"):
+            unfinished += 1  # stopped by an interrupt before its final report
+        else:
+            ckpt = res.checkpoint.path if res.checkpoint is not None else None
+            rows.append(TrialRow.from_metrics(index, seed, m, 1 + log.recoveries.get(index, 0), ckpt))
+    if len(rows) + unfinished < draw.k:
+        unfinished += draw.k - len(rows) - unfinished  # never started
+    return rows, unfinished

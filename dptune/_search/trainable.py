@@ -42,15 +42,7 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
         params = dict(config)
     work = Path(tempfile.mkdtemp(prefix="dptune-trial-"))
     ckpt_path = work / "trial.pt"
-    restored = tune.get_checkpoint()
-    attempts = 1
-    if restored is not None:  # an infrastructure failure: resume the same trial
-        with restored.as_directory() as d:
-            if (Path(d) / "trial.pt").exists():
-                shutil.copy(Path(d) / "trial.pt", ckpt_path)
-            if (Path(d) / "attempts").exists():
-                attempts = int((Path(d) / "attempts").read_text()) + 1
-    (work / "attempts").write_text(str(attempts))
+    attempts = _restore(work)
     device = "cuda" if torch.cuda.is_available() and tune.get_context().get_trial_resources().required_resources.get(
         "GPU", 0) > 0 else "cpu"
 
@@ -60,19 +52,19 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
             tune.report({"final": False, "epoch": epoch, "trial_index": index},
                         checkpoint=tune.Checkpoint.from_directory(str(work)))
 
-    base: dict[str, Any] = {"final": True, "started": started, "trial_index": index, "params": params, "seed": slot["seed"],
+    base: dict[str, Any] = {"final": True, "started": started, "trial_index": index, "params": params,
+                            "seed": str(slot["seed"]),
                             "node_id": _node_id(), "attempts": attempts}
     try:
         cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
         result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
                                  return_model=save_model, sampling_basis=sampling_basis,
-                                 charged_points=charged_points)
+                                 charged_points=charged_points or None)
         metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
                    "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
                    "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
                    "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
-                   "noise_additions": int(result.noise_additions), "noise_std": result.noise_std,
-                   "mean_batch_size": float(result.mean_batch_size)}
+                   "measured": _measured(result)}
         if save_model and result.model_state is not None:
             out = work / "final"
             out.mkdir()
@@ -88,6 +80,30 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     shutil.rmtree(work, ignore_errors=True)
 
 
+def _restore(work: Path) -> int:
+    """After an infrastructure failure, the trial's last checkpoint into ``work``; the attempt number."""
+    restored = tune.get_checkpoint()
+    attempts = 1
+    if restored is not None:  # resume the same trial (same index, seed, hyperparameters)
+        with restored.as_directory() as d:
+            if (Path(d) / "trial.pt").exists():
+                shutil.copy(Path(d) / "trial.pt", work / "trial.pt")
+            if (Path(d) / "attempts").exists():
+                attempts = int((Path(d) / "attempts").read_text()) + 1
+    (work / "attempts").write_text(str(attempts))
+    return attempts
+
+
+def _measured(result: Any) -> dict[str, Any]:
+    """What the trainer measured of the run it did (noise additions and std, realised batch rate, steps)."""
+    out = {}
+    for name in ("noise_additions", "noise_std", "mean_batch_size", "applied_score_noise", "steps"):
+        v = getattr(result, name, None)
+        if v is not None:
+            out[name] = v if isinstance(v, int) else float(v)
+    return out
+
+
 def _node_id() -> str:
     try:
         import ray
@@ -99,5 +115,6 @@ def _node_id() -> str:
 
 def _adaptive_seed(base: int) -> int:
     trial_id = tune.get_context().get_trial_id() or ""
+    # keyed by the draw's 128-bit secret stream: as unpredictable as an OS draw, and replayed on resume
     digest = hashlib.sha256(f"{base}:{trial_id}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+    return int.from_bytes(digest[:16], "big")

@@ -1,6 +1,12 @@
 """Privacy accounting for dptune: trial events, worst case over a space, random stopping, planning.
 
-Pure functions and frozen values; no torch, no ray, no I/O.
+Pure functions and frozen values; no torch, no ray, no I/O. Events are values (``_events``), one interpreter
+gives their RDP (:func:`rdp_of`) and one function their ε (:func:`epsilon`); stopping rules are the
+subclasses of :class:`StoppingRule` named in one catalogue (:func:`stopping_rule`).
+
+Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
+``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the interpreter); ``_rules``;
+``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``.
 """
 
 from dptune.accounting import _lazy
@@ -9,8 +15,13 @@ _lazy.install()  # before anything imports dp_accounting: skip its slow, unused 
 
 # ruff: noqa: E402
 
-from dptune.accounting._calibrate import calibrate_noise_multiplier
+from dptune.accounting._advice import Advice, Candidate, advise
+from dptune.accounting._amplify import poisson_subsampled_rdp
+from dptune.accounting._calibrate import calibrate_noise_multiplier, calibrate_sigma
+from dptune.accounting._catalogue import STOPPING_RULES, alternative_rules, comparison_rules, stopping_rule
+from dptune.accounting._convert import ORDERS
 from dptune.accounting._events import (
+    SubsampledMechanismDpEvent,
     WorstCaseDpEvent,
     event_from_json,
     event_to_json,
@@ -20,63 +31,56 @@ from dptune.accounting._events import (
 from dptune.accounting._planner import (
     Plan,
     TrialPoint,
-    alternative_rules,
-    epsilon,
     plan_search,
     reachable_points,
     sigma_floor,
     worst_case_event,
 )
-from dptune.accounting._rdp import ORDERS, delta_from_rdp, epsilon_from_rdp, rdp_of
-from dptune.accounting._rules import StoppingRule
+from dptune.accounting._rdp import epsilon, rdp_of
+from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
 from dptune.accounting._stopping import random_stopping_rdp, tnb_gamma, tnb_mean
-
-__all__ = [
-    "ORDERS",
-    "Plan",
-    "StoppingRule",
-    "TrialPoint",
-    "WorstCaseDpEvent",
-    "alternative_rules",
-    "calibrate_noise_multiplier",
-    "delta_from_rdp",
-    "epsilon",
-    "epsilon_from_rdp",
-    "event_from_json",
-    "event_to_json",
-    "plan_search",
-    "random_stopping_rdp",
-    "rdp_of",
-    "reachable_points",
-    "score_event",
-    "sigma_floor",
-    "tnb_gamma",
-    "tnb_mean",
-    "trial_event",
-    "worst_case_event",
-]
-
-from dptune.accounting._advice import Advice, Candidate, advise, subsampled_sigma_floor  # noqa: E402
-from dptune.accounting._subsample import (  # noqa: E402
-    SubsampledMechanismDpEvent,
+from dptune.accounting._subsample import (
     min_subsample_size,
-    poisson_subsampled_rdp,
-    subsampled_epsilon,
-    subsampled_rdp_of,
+    search_parts,
     subsampled_search_event,
     transfer_config,
 )
 
-__all__ += [
+__all__ = [
+    "ORDERS",
+    "STOPPING_RULES",
     "Advice",
     "Candidate",
+    "Composed",
+    "Plan",
+    "Poisson",
+    "StoppingRule",
     "SubsampledMechanismDpEvent",
+    "TrialPoint",
+    "TruncatedNegativeBinomial",
+    "WorstCaseDpEvent",
     "advise",
+    "alternative_rules",
+    "calibrate_noise_multiplier",
+    "calibrate_sigma",
+    "comparison_rules",
+    "epsilon",
+    "event_from_json",
+    "event_to_json",
     "min_subsample_size",
+    "plan_search",
     "poisson_subsampled_rdp",
-    "subsampled_epsilon",
-    "subsampled_rdp_of",
+    "random_stopping_rdp",
+    "rdp_of",
+    "reachable_points",
+    "score_event",
+    "search_parts",
+    "sigma_floor",
+    "stopping_rule",
     "subsampled_search_event",
-    "subsampled_sigma_floor",
+    "tnb_gamma",
+    "tnb_mean",
     "transfer_config",
+    "trial_event",
+    "worst_case_event",
 ]

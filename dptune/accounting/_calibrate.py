@@ -1,71 +1,78 @@
-"""Calibrate the final training's noise multiplier to a total (ε, δ) target, given what was spent before.
+"""Noise calibration: the one routine that finds the smallest σ meeting an ε target, and its uses.
 
-The total is the RDP composition of the prior events (e.g. the search certificate's) and one DP-SGD run
-(Mironov 2017, Prop. 1: RDP adds under composition), converted to (ε, δ) as everywhere in dptune. The
-subsampled Gaussian's RDP decreases in σ at every order (Mironov, Talwar & Zhang 2019), and the
-RDP → (ε, δ) conversion is monotone, so the total ε decreases in σ and bisection finds the smallest
-σ that fits.
+:func:`calibrate_sigma` has the shape of dp_accounting's ``mechanism_calibration``: it takes any privacy
+cost that does not increase with σ and a bracket, and states what it returns. Every σ search in dptune
+(the planner's σ floor, the final training's σ, the benchmarks) goes through it.
+
+:func:`calibrate_noise_multiplier` is its use for final training: the total is the RDP composition of the
+prior events (e.g. the search certificate's) and one DP-SGD run (Mironov 2017, Prop. 1: RDP adds under
+composition), converted to (ε, δ) as everywhere in dptune. The subsampled Gaussian's RDP decreases in σ at
+every order (Mironov, Talwar & Zhang 2019) and the conversion is monotone, so the total decreases in σ.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-import numpy as np
 from dp_accounting import dp_event as de
 
 from dptune.accounting._events import trial_event
-from dptune.accounting._rdp import ORDERS, epsilon_from_rdp, rdp_of
-from dptune.config import ConfigError
+from dptune.accounting._rdp import epsilon
+from dptune.errors import ConfigError, check_delta, check_positive
 
-__all__ = ["calibrate_noise_multiplier"]
+__all__ = ["calibrate_noise_multiplier", "calibrate_sigma"]
 
-SIGMA_MAX = 1e6  # "a huge σ": beyond this the DP-SGD part costs ~nothing, so the prior events decide
 SIGMA_MIN = 1e-3
-REL_TOL = 2e-3  # returned σ is within 0.2% of the smallest fitting σ (so σ·0.99 no longer fits)
+SIGMA_MAX = 1e6  # "a huge σ": beyond this the DP-SGD part costs ~nothing, so the prior events decide
+REL_TOL = 2e-3  # the returned σ is within 0.2% of the smallest fitting σ
 
 
-def calibrate_noise_multiplier(prior_events: Sequence[de.DpEvent], sampling_rate: float, steps: int,
-                               delta: float, target_epsilon: float, score_noise: float | None = None) -> float:
-    """Smallest noise multiplier σ (to within ``REL_TOL``) such that the prior events composed with
-    ``trial_event(σ, sampling_rate, steps, score_noise)`` cost at most ``target_epsilon`` at ``delta``.
+def calibrate_sigma(cost: Callable[[float], float], *, target_epsilon: float, lo: float, hi: float,
+                    rel_tol: float) -> float | None:
+    """The smallest σ in [``lo``, ``hi``] with ``cost(σ) <= target_epsilon``, to relative tolerance ``rel_tol``.
 
-    Raises :class:`ConfigError` if even σ = ``SIGMA_MAX`` does not fit (the prior events alone cost
-    about as much as the target).
+    ``cost`` must not increase with σ (a NaN cost counts as not fitting). Guarantee: the result σ has
+    ``cost(σ) <= target_epsilon`` and either σ = ``lo`` (even the lower bound fits) or
+    ``cost(σ·(1 − rel_tol)) > target_epsilon``; ``None`` when even ``cost(hi)`` exceeds the target.
+    Bisection in log σ, keeping cost(lo) > target >= cost(hi): ⌈log₂(log(hi/lo) / log(1 + rel_tol))⌉ + 2 calls.
     """
-    if not (isinstance(target_epsilon, int | float) and math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise ConfigError("--target-epsilon", f"{target_epsilon!r} must be > 0", "choose a total ε, e.g. 8")
-    if not 0 < delta < 1:
-        raise ConfigError("delta", f"{delta!r} is not in (0, 1)", "use the certificate's δ, e.g. 1e-5")
-    prior = np.sum([rdp_of(e) for e in prior_events], axis=0) if prior_events else np.zeros_like(ORDERS)
+    if not (0 < lo < hi and math.isfinite(hi) and 0 < rel_tol < 1):
+        raise ValueError(f"need 0 < lo < hi < inf and 0 < rel_tol < 1, got {lo}, {hi}, {rel_tol}")
+    if not cost(hi) <= target_epsilon:
+        return None
+    if cost(lo) <= target_epsilon:
+        return lo
+    while hi / lo > 1.0 + rel_tol:  # then σ·(1 − rel_tol) < σ/(1 + rel_tol) <= lo, which does not fit
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if cost(mid) <= target_epsilon else (mid, hi)
+    return hi
+
+
+def calibrate_noise_multiplier(prior_events: Sequence[de.DpEvent], *, sampling_rate: float, steps: int,
+                               delta: float, target_epsilon: float, score_noise: float | None = None) -> float:
+    """Smallest noise multiplier σ (to within ``REL_TOL``, by :func:`calibrate_sigma`) such that the prior
+    events composed with ``trial_event(σ, sampling_rate, steps, score_noise)`` cost at most
+    ``target_epsilon`` at ``delta``.
+
+    Raises :class:`ConfigError` (field ``target_epsilon``) if even σ = ``SIGMA_MAX`` does not fit (the prior
+    events alone cost about as much as the target).
+    """
+    check_positive("target_epsilon", target_epsilon, "choose a total ε, e.g. 8")
+    check_delta("delta", delta)
+    prior = list(prior_events)
 
     def total(sigma: float) -> float:
-        eps = epsilon_from_rdp(prior + rdp_of(trial_event(sigma, sampling_rate, steps, score_noise)), delta)[0]
-        return eps if math.isfinite(eps) else math.inf
+        run = trial_event(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps, score_noise=score_noise)
+        return epsilon([*prior, run], delta)
 
-    if total(SIGMA_MAX) > target_epsilon:
-        prior_eps = epsilon_from_rdp(prior, delta)[0] if prior.any() else 0.0
+    sigma = calibrate_sigma(total, target_epsilon=target_epsilon, lo=SIGMA_MIN, hi=SIGMA_MAX, rel_tol=REL_TOL)
+    if sigma is None:
+        prior_eps = epsilon(prior, delta)
         raise ConfigError(
-            "--target-epsilon",
+            "target_epsilon",
             f"ε = {target_epsilon:g} cannot be met: what was spent before (ε = {prior_eps:.4g} at δ = {delta:g}) "
             f"leaves no room for training, even with noise multiplier {SIGMA_MAX:g}",
             f"choose a target above {prior_eps:.4g}, or train with the released config's own noise multiplier",
         )
-    # bracket [lo, hi] with total(lo) > target >= total(hi), doubling/halving from σ = 1
-    hi = 1.0
-    while total(hi) > target_epsilon:
-        hi *= 2.0
-    lo = hi / 2.0
-    while total(lo) <= target_epsilon:
-        hi, lo = lo, lo / 2.0
-        if lo < SIGMA_MIN:
-            return hi  # the target is so loose that (almost) no noise is needed
-    # bisection in log σ: total(lo) > target >= total(hi) holds throughout
-    while hi / lo > 1.0 + REL_TOL:
-        mid = math.sqrt(lo * hi)
-        if total(mid) > target_epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return sigma

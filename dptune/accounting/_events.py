@@ -1,23 +1,29 @@
 """Privacy events of dptune as dp_accounting ``DpEvent`` values, and their JSON form.
 
-Events are frozen, composable values (dp_accounting's design); accountants interpret them. dptune adds one
-event type, :class:`WorstCaseDpEvent`: a data-independent random choice among several mechanisms (a random
-search trial), whose Rényi divergence is at most the maximum of its components' at every order
-(quasi-convexity of Rényi divergence; Papernot & Steinke 2022, Sec. 3).
+Events are frozen, composable values (dp_accounting's design); accountants interpret them (``_rdp``). dptune
+adds two event types, both defined here so the one JSON allow-list below names every event dptune writes:
+
+* :class:`WorstCaseDpEvent`: a data-independent random choice among several mechanisms (a random search
+  trial), whose Rényi divergence is at most the maximum of its components' at every order (quasi-convexity
+  of Rényi divergence; Papernot & Steinke 2022, Sec. 3);
+* :class:`SubsampledMechanismDpEvent`: a mechanism run on a Poisson subsample of the data, drawn once
+  (Zhu & Wang 2019, Thm. 6; Koskela & Kulkarni 2023 for the whole search, see ``_subsample``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attr
 from dp_accounting import dp_event as de
 
-from dptune.config import ConfigError
+from dptune.errors import ConfigError, check_positive, check_unit_interval
 
 __all__ = [
+    "SubsampledMechanismDpEvent",
     "WorstCaseDpEvent",
     "event_from_json",
     "event_to_json",
@@ -33,7 +39,15 @@ class WorstCaseDpEvent(de.DpEvent):
     events: tuple[de.DpEvent, ...]
 
 
-def score_event(score_noise: float | None) -> de.DpEvent:
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class SubsampledMechanismDpEvent(de.DpEvent):
+    """``event`` run on a Poisson subsample (rate ``fraction``) of the data, drawn once: Zhu & Wang 2019, Thm. 6."""
+
+    event: de.DpEvent
+    fraction: float
+
+
+def score_event(*, score_noise: float | None) -> de.DpEvent:
     """Release of a validation correct-count (sensitivity 1) with Gaussian noise of std ``score_noise``.
 
     ``None`` means the validation split was declared public: the release costs nothing.
@@ -43,35 +57,29 @@ def score_event(score_noise: float | None) -> de.DpEvent:
     return de.GaussianDpEvent(noise_multiplier=float(score_noise))
 
 
-def trial_event(noise_multiplier: float, sampling_rate: float, steps: int,
+def trial_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
                 score_noise: float | None) -> de.DpEvent:
     """One trial: T steps of Poisson-sampled Gaussian (DP-SGD) composed with the score release."""
-    _check_positive("noise_multiplier", noise_multiplier, "choose sigma > 0")
-    if not (math.isfinite(sampling_rate) and 0 < sampling_rate <= 1):
-        raise ConfigError("sampling_rate", f"{sampling_rate!r} is not in (0, 1]", "choose q = B/n in (0, 1]")
-    if int(steps) != steps or steps < 1:
+    check_positive("noise_multiplier", noise_multiplier, "choose sigma > 0")
+    check_unit_interval("sampling_rate", sampling_rate, "choose q = B/n in (0, 1]", include_one=True)
+    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
         raise ConfigError("steps", f"{steps!r} is not an integer >= 1", "choose at least one step")
     if score_noise is not None:
-        _check_positive("score_noise", score_noise, "choose a noise std > 0 or declare the validation public")
+        check_positive("score_noise", score_noise, "choose a noise std > 0 or declare the validation public")
     sgd = de.SelfComposedDpEvent(
         de.PoissonSampledDpEvent(float(sampling_rate), de.GaussianDpEvent(float(noise_multiplier))), int(steps)
     )
-    return de.ComposedDpEvent([sgd, score_event(score_noise)])
-
-
-def _check_positive(name: str, value: float, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(name, f"{value!r} must be > 0", fix)
+    return de.ComposedDpEvent([sgd, score_event(score_noise=score_noise)])
 
 
 # ---------------------------------------------------------------------------------------------------
-# JSON: an explicit allow-list, so a tampered file cannot name arbitrary classes to import.
+# JSON: one explicit, read-only allow-list, so a tampered file cannot name arbitrary classes to import.
 
-_CLASSES: dict[str, type[de.DpEvent]] = {
+_ALLOWED: Mapping[str, type[de.DpEvent]] = MappingProxyType({
     c.__name__: c
     for c in (de.NoOpDpEvent, de.GaussianDpEvent, de.PoissonSampledDpEvent, de.SelfComposedDpEvent,
-              de.ComposedDpEvent, de.RepeatAndSelectDpEvent, WorstCaseDpEvent)
-}
+              de.ComposedDpEvent, de.RepeatAndSelectDpEvent, WorstCaseDpEvent, SubsampledMechanismDpEvent)
+})
 
 
 def _num(x: float) -> float | str:
@@ -79,8 +87,9 @@ def _num(x: float) -> float | str:
 
 
 def event_to_json(event: de.DpEvent) -> dict[str, Any]:
+    """The event as plain JSON data (every class on the allow-list, nothing else)."""
     name = type(event).__name__
-    if name not in _CLASSES:
+    if _ALLOWED.get(name) is not type(event):
         raise TypeError(f"dptune cannot serialize {name}")
     out: dict[str, Any] = {"type": name}
     for f in attr.fields(type(event)):
@@ -97,9 +106,10 @@ def event_to_json(event: de.DpEvent) -> dict[str, Any]:
 
 
 def event_from_json(data: Any) -> de.DpEvent:
-    if not isinstance(data, dict) or data.get("type") not in _CLASSES:
+    """The event :func:`event_to_json` wrote; ``ValueError`` for anything else."""
+    if not isinstance(data, dict) or data.get("type") not in _ALLOWED:
         raise ValueError(f"not a dptune privacy event: {str(data)[:80]!r}")
-    cls = _CLASSES[data["type"]]
+    cls = _ALLOWED[data["type"]]
     kwargs: dict[str, Any] = {}
     for f in attr.fields(cls):
         if f.name not in data:

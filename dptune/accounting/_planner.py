@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import optuna.distributions as od
 from dp_accounting import dp_event as de
 
 from dptune._params import sampling_rate, trial_steps
+from dptune.accounting._amplify import check_fraction
+from dptune.accounting._calibrate import calibrate_sigma
+from dptune.accounting._catalogue import alternative_rules, stopping_rule
 from dptune.accounting._events import WorstCaseDpEvent, trial_event
-from dptune.accounting._rdp import epsilon_from_rdp, rdp_of
+from dptune.accounting._rdp import epsilon
 from dptune.accounting._rules import StoppingRule
 from dptune.accounting._subsample import subsampled_search_event
 from dptune.config import ConfigError, SearchSpace, support_values
+from dptune.errors import check_positive
 
-__all__ = ["Plan", "TrialPoint", "alternative_rules", "epsilon", "plan_search", "reachable_points", "sigma_floor", "worst_case_event"]
+__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "sigma_floor", "worst_case_event"]
+
+SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP series converge slowly
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, kw_only=True)
 class TrialPoint:
     """Privacy parameters of one reachable trial."""
 
@@ -30,11 +33,8 @@ class TrialPoint:
     score_noise: float | None
 
     def event(self) -> de.DpEvent:
-        return trial_event(self.noise_multiplier, self.sampling_rate, self.steps, self.score_noise)
-
-
-def epsilon(event: de.DpEvent, delta: float) -> float:
-    return epsilon_from_rdp(rdp_of(event), delta)[0]
+        return trial_event(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
+                           steps=self.steps, score_noise=self.score_noise)
 
 
 def _sigma_values(space: SearchSpace, sigma_low: float | None) -> list[float]:
@@ -62,19 +62,32 @@ def _values(space: SearchSpace, key: str) -> list[float]:
     return list(support_values(dist))
 
 
-def reachable_points(space: SearchSpace, n_train: float, sigma_low: float | None = None) -> list[TrialPoint]:
-    """Every (σ, q, T, score noise) a trial of ``space`` can have; σ at its worst (smallest) value."""
+def reachable_points(space: SearchSpace, n_train: float, *, sigma_low: float | None = None,
+                     tune_fraction: float = 1.0) -> list[TrialPoint]:
+    """Every (σ, q, T, score noise) a trial of ``space`` can have; σ at its worst (smallest) value.
+
+    With ``tune_fraction`` f < 1 the trials run on a Poisson subsample: q and T on the data-independent
+    basis f·n (``dptune._params``; Koskela & Kulkarni 2023), errors reported as ``search.tune_fraction``.
+    """
+    basis = check_fraction(tune_fraction) * n_train
     points = set()
-    for sigma in _sigma_values(space, sigma_low):
-        for b in _values(space, "batch_size"):
-            for ep in _values(space, "epochs"):
-                q = sampling_rate(batch_size=int(b), basis=n_train)
-                points.add(TrialPoint(float(sigma), q, trial_steps(epochs=float(ep), batch_size=int(b), basis=n_train),
-                                      space.fixed.score_noise))
+    try:
+        for sigma in _sigma_values(space, sigma_low):
+            for b in _values(space, "batch_size"):
+                for ep in _values(space, "epochs"):
+                    q = sampling_rate(batch_size=int(b), basis=basis)
+                    steps = trial_steps(epochs=float(ep), batch_size=int(b), basis=basis)
+                    points.add(TrialPoint(noise_multiplier=float(sigma), sampling_rate=q, steps=steps,
+                                          score_noise=space.fixed.score_noise))
+    except ConfigError as e:
+        if tune_fraction == 1:
+            raise
+        raise ConfigError("search.tune_fraction", e.problem, f"use a larger fraction; {e.fix}") from e
     return sorted(points)
 
 
 def worst_case_event(points: list[TrialPoint]) -> de.DpEvent:
+    """One trial of a random search over ``points``, charged at the pointwise maximum of their curves."""
     # Among points with the same (σ, q, score noise) only the most steps matter.
     best: dict[tuple[float, float, float | None], TrialPoint] = {}
     for p in points:
@@ -85,7 +98,7 @@ def worst_case_event(points: list[TrialPoint]) -> de.DpEvent:
     return events[0] if len(events) == 1 else WorstCaseDpEvent(tuple(events))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     stopping: StoppingRule
     delta: float
@@ -98,72 +111,44 @@ class Plan:
     alternatives: dict[str, float] = field(default_factory=dict)  # label -> search ε, same mean
 
 
-def alternative_rules(rule: StoppingRule) -> list[StoppingRule]:
-    """The other stopping rules at the same mean (composition at the rounded mean), for side-by-side prices."""
-    mean = rule.mean
-    rules = [StoppingRule("poisson", mean), StoppingRule("tnb", mean, 0.0), StoppingRule("tnb", mean, 1.0),
-             StoppingRule("composed", max(1, round(mean)))]
-    return [r for r in rules if r.label() != rule.label()]
-
-
-def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None = None,
+def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None = None, *,
                 sigma_low: float | None = None, compare: bool = True) -> Plan:
     """The charge of a search over ``space`` on ``n_train`` training examples.
 
     With ``space.tune_fraction`` f < 1 the search runs on a Poisson subsample (Koskela & Kulkarni 2023):
     trials run at q = B/(f·n), T = ⌈epochs·f·n/B⌉ (fixed before the subsample is drawn), and the whole
-    search is amplified by Zhu & Wang (2019, Thm. 6); see ``_subsample``.
+    search is amplified by Zhu & Wang (2019, Thm. 6); see ``_subsample`` (whose ``search_parts`` inverts
+    the charge).
     """
-    rule = stopping or StoppingRule(space.privacy.stopping, space.privacy.mean, space.privacy.eta)
-    delta = space.privacy.delta
+    p = space.privacy
+    rule = stopping or stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
     f = space.tune_fraction
-    try:
-        points = reachable_points(space, f * n_train if f < 1 else n_train, sigma_low)
-    except ConfigError as e:
-        if f == 1:
-            raise
-        raise ConfigError("search.tune_fraction", e.problem, f"use a larger fraction; {e.fix}") from e
+    points = reachable_points(space, n_train, sigma_low=sigma_low, tune_fraction=f)
     t_event = worst_case_event(points)
-    t_rdp = rdp_of(t_event)
 
     def charge(r: StoppingRule) -> de.DpEvent:
-        event = r.search_event(t_event)
-        return subsampled_search_event(event, f) if f < 1 else event
+        return subsampled_search_event(r.search_event(t_event), fraction=f)
 
     s_event = charge(rule)
     alternatives = {}
     if compare:
-        alternatives = {r.label(): epsilon(charge(r), delta) for r in alternative_rules(rule)}
-    return Plan(stopping=rule, delta=delta, points=points, trial_event=t_event, search_event=s_event,
-                trial_epsilon=epsilon_from_rdp(t_rdp, delta)[0], search_epsilon=epsilon(s_event, delta),
+        alternatives = {r.label(): epsilon([charge(r)], p.delta) for r in alternative_rules(rule)}
+    return Plan(stopping=rule, delta=p.delta, points=points, trial_event=t_event, search_event=s_event,
+                trial_epsilon=epsilon([t_event], p.delta), search_epsilon=epsilon([s_event], p.delta),
                 n_train=n_train, alternatives=alternatives)
 
 
-def sigma_floor(space: SearchSpace, n_train: int, target_epsilon: float,
+def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
                 stopping: StoppingRule | None = None, tolerance: float = 1e-3) -> float | None:
-    """Smallest lower bound on σ for which the whole search costs at most ``target_epsilon``.
+    """Smallest lower bound on σ (in ``SIGMA_FLOOR_RANGE``, to ``tolerance``; :func:`calibrate_sigma`) for
+    which the whole search costs at most ``target_epsilon``.
 
     ``None`` if even σ = 1000 does not fit (the score release or random-stopping overhead alone exceeds it).
     """
-    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise ConfigError("--target-epsilon", f"{target_epsilon!r} must be > 0", "choose e.g. 2.0")
+    check_positive("target_epsilon", target_epsilon, "choose e.g. 2.0")
 
     def cost(sigma: float) -> float:
         return plan_search(space, n_train, stopping, sigma_low=sigma, compare=False).search_epsilon
 
-    return smallest_fitting_sigma(cost, target_epsilon, tolerance)
-
-
-def smallest_fitting_sigma(cost: Callable[[float], float], target_epsilon: float,
-                           tolerance: float = 1e-3) -> float | None:
-    """Smallest σ in [0.5, 1000] with cost(σ) <= target (cost decreasing in σ), by bisection in log σ;
-    None if even σ = 1000 does not fit. Below σ = 0.5 DP-SGD is useless and RDP series converge slowly."""
-    lo, hi = 0.5, 1000.0
-    if cost(hi) > target_epsilon:
-        return None
-    if cost(lo) <= target_epsilon:
-        return lo
-    while hi / lo > 1 + tolerance:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if cost(mid) <= target_epsilon else (mid, hi)
-    return float(np.nextafter(hi, np.inf))
+    lo, hi = SIGMA_FLOOR_RANGE
+    return calibrate_sigma(cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)

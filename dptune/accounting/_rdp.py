@@ -1,26 +1,28 @@
-"""Rényi-DP interpretation of dptune's privacy events, and the RDP → (ε, δ) conversion.
+"""Rényi-DP interpretation of dptune's privacy events, and ε of a sequence of events.
 
-Leaf mechanisms (Gaussian, Poisson-subsampled Gaussian) are evaluated with dp_accounting's RdpAccountant
-(Mironov, Talwar & Zhang 2019); composition, worst case and random stopping are interpreted here, so the
-random-stopping theorem can be applied to any RDP curve (the pointwise maximum over a search space).
+:func:`rdp_of` is the one interpreter: it dispatches on the type of every event dptune writes, anywhere
+in the tree. Leaf mechanisms (Gaussian, Poisson-subsampled Gaussian) are evaluated with dp_accounting's
+RdpAccountant (Mironov, Talwar & Zhang 2019); composition adds curves (Mironov 2017, Prop. 1), a worst case
+takes their pointwise maximum (quasi-convexity), random stopping is Papernot & Steinke (2022) Thms. 2/6
+(``_stopping``) and subsampling Zhu & Wang (2019) Thm. 6 (``_amplify``). :func:`epsilon` composes a sequence
+of events and converts once (``_convert``): what the planner, certificates, the ledger and calibration charge.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting import dp_event as de
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
-from dptune.accounting._events import WorstCaseDpEvent
+from dptune.accounting._amplify import poisson_subsampled_rdp
+from dptune.accounting._convert import ORDERS, rdp_to_epsilon
+from dptune.accounting._events import SubsampledMechanismDpEvent, WorstCaseDpEvent
 from dptune.accounting._stopping import random_stopping_rdp
 
-__all__ = ["ORDERS", "delta_from_rdp", "epsilon_from_rdp", "rdp_of"]
-
-# dp_accounting's default orders (also what its RdpAccountant uses for RepeatAndSelectDpEvent).
-ORDERS: np.ndarray = np.asarray(rdp_acc.DEFAULT_RDP_ORDERS, dtype=np.float64)
-ORDERS.flags.writeable = False
+__all__ = ["epsilon", "rdp_of"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -48,19 +50,18 @@ def rdp_of(event: de.DpEvent) -> np.ndarray:
         return np.max([rdp_of(e) for e in event.events], axis=0)
     if isinstance(event, de.RepeatAndSelectDpEvent):
         return random_stopping_rdp(ORDERS, rdp_of(event.event), mean=event.mean, shape=event.shape)
-    if type(event).__name__ == "SubsampledMechanismDpEvent":  # defined in _subsample (imports this module)
-        from dptune.accounting._subsample import poisson_subsampled_rdp
-
-        return poisson_subsampled_rdp(ORDERS, rdp_of(event.event), event.fraction)  # type: ignore[attr-defined]
+    if isinstance(event, SubsampledMechanismDpEvent):
+        return poisson_subsampled_rdp(ORDERS, rdp_of(event.event), fraction=event.fraction)
     raise TypeError(f"dptune cannot account for {type(event).__name__}")
 
 
-def epsilon_from_rdp(rdp: np.ndarray, delta: float) -> tuple[float, float]:
-    """(ε, optimal order) for ``delta``: dp_accounting's conversion (Balle et al. 2020, Prop. 12)."""
-    eps, order = rdp_acc.compute_epsilon(ORDERS, rdp, delta)
-    return float(eps), float(order)
-
-
-def delta_from_rdp(rdp: np.ndarray, epsilon: float) -> float:
-    delta, _ = rdp_acc.compute_delta(ORDERS, rdp, epsilon)
-    return float(delta)
+def epsilon(events: Sequence[de.DpEvent], delta: float) -> float:
+    """ε at ``delta`` of ``events`` run one after another (any of them adaptively chosen): their RDP curves
+    add (Mironov 2017, Prop. 1), then one RDP → (ε, δ) conversion (Balle et al. 2020, Prop. 12). Never a sum
+    of ε's. No events cost ε = 0."""
+    if isinstance(events, de.DpEvent):
+        raise TypeError("epsilon() takes a sequence of events: pass [event] for one")
+    total = np.zeros_like(ORDERS)
+    for e in events:
+        total = total + rdp_of(e)
+    return float(rdp_to_epsilon(ORDERS, total, delta=delta))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dptune.config import ConfigError, DatasetSpec
+from dptune.data._augment import augment_views
 from dptune.data._loaders import load_cifar10, load_digits, load_imagefolder
 from dptune.data._splits import Splits, poisson_subsample
 
-__all__ = ["Splits", "load_dataset", "poisson_subsample"]
+__all__ = ["Splits", "augment_views", "load_dataset", "poisson_subsample"]
 
 
 def load_dataset(spec: DatasetSpec) -> Splits:

@@ -24,27 +24,22 @@ class Splits:
     num_classes: int
     input_shape: tuple[int, int, int]
 
-    def fingerprint(self) -> str:
-        """sha256 of the training arrays (bytes + shape): the privacy ledger's key for this dataset."""
-        h = hashlib.sha256()
-        for t in self.train:
-            a = t.detach().cpu().contiguous().numpy()
-            h.update(str((a.dtype.str, a.shape)).encode())
-            h.update(a.tobytes())
-        return h.hexdigest()
-
-
-    def pool_fingerprint(self) -> str:
-        """sha256 over the *set* of all examples (train ∪ validation ∪ test), independent of the split: the
-        privacy ledger's key, so re-splitting the same data cannot open a fresh budget."""
+    def example_digests(self) -> list[bytes]:
+        """sha256 of every example (train ∪ validation ∪ test; image bytes + label), sorted. Curator-side
+        only (the ledger): an exact hash of private records decides membership of the last one."""
         digests = []
         for x, y in (self.train, self.val, self.test):
             xa = x.detach().cpu().contiguous().numpy()
             ya = y.detach().cpu().numpy().astype(np.int64)
             for i in range(len(ya)):
                 digests.append(hashlib.sha256(xa[i].tobytes() + ya[i].tobytes()).digest())
+        return sorted(digests)
+
+    def pool_fingerprint(self) -> str:
+        """sha256 over the *set* of all examples, independent of the split: the privacy ledger's key, so
+        re-splitting the same data cannot open a fresh budget. Curator-side only, like the digests."""
         h = hashlib.sha256(b"dptune-pool/1")
-        for d in sorted(digests):
+        for d in self.example_digests():
             h.update(d)
         return h.hexdigest()
 

@@ -9,7 +9,7 @@ import torch
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from dptune.data._augment import augment_views
+from dptune.data import augment_views
 from dptune.dpsgd._state import TrialRun
 
 __all__ = ["Schedule", "diverged", "padded_size", "train_epoch"]

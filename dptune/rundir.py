@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-__all__ = ["RunDir", "write_private", "write_trials"]
+__all__ = ["RunDir", "write_private"]
 
 
 def write_private(path: Path, text: str) -> None:
@@ -66,36 +61,8 @@ class RunDir:
             os.chmod(d, 0o700)  # mkdir's mode is masked by the umask
         self.release.mkdir(exist_ok=True)
 
-    def sealed_is_private(self) -> bool:
-        mode = stat.S_IMODE(self.sealed.stat().st_mode)
-        return mode & 0o077 == 0
-
     def read_state(self) -> dict[str, Any]:
         return json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
 
     def write_state(self, **changes: Any) -> None:
         write_private(self.state_file, json.dumps({**self.read_state(), **changes}, indent=1))
-
-
-_COLUMNS = ("index", "params", "seed", "score", "val_accuracy_raw", "diverged", "crashed", "error", "steps",
-            "sampling_rate", "noise_multiplier", "seconds", "started", "node", "attempts")
-
-
-def write_trials(path: Path, rows: list[dict[str, Any]]) -> None:
-    """All trials of a search (curator only): one row per trial, params as JSON."""
-    table: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
-    for r in rows:
-        for c in _COLUMNS:
-            v = r.get(c)
-            if c == "params":
-                v = json.dumps(v, sort_keys=True)
-            if c == "score" and v is not None and not math.isfinite(v):
-                v = float("-inf")
-            table[c].append(v)
-    schema = pa.schema([("index", pa.int64()), ("params", pa.string()), ("seed", pa.int64()),
-                        ("score", pa.float64()), ("val_accuracy_raw", pa.float64()), ("diverged", pa.bool_()),
-                        ("crashed", pa.bool_()), ("error", pa.string()), ("steps", pa.int64()),
-                        ("sampling_rate", pa.float64()), ("noise_multiplier", pa.float64()),
-                        ("seconds", pa.float64()), ("started", pa.float64()), ("node", pa.string()), ("attempts", pa.int64())])
-    pq.write_table(pa.table(table, schema=schema), path)
-    os.chmod(path, 0o600)

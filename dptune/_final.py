@@ -1,0 +1,302 @@
+"""Final DP training of a released config, charged and certified with the search (library side of
+``python -m dptune.train`` and ``dptune.train()``).
+
+release (best_config.yaml + certificate.json, ε recomputed) → the search's sealed record and ledger (the
+certificate must be that ledger's authenticated charge for that search) → data (fingerprint must match) →
+σ (released, or calibrated so search ⊕ training fits ``target_epsilon``) → ledger.reserve (durable, before
+training) → DP-SGD with a fresh 128-bit secret seed (sealed) → ledger.commit → model.pt, metrics.json,
+composed and re-bound certificate.json (shareable: no seed, no ledger row, no timing, no local path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dptune._params import sampling_rate, trial_steps
+from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
+from dptune.certificate import Certificate, guarantee, verify_binding
+from dptune.config import DatasetSpec, TrialConfig
+from dptune.errors import ConfigError
+from dptune.ledger import Ledger
+from dptune.release import Release, load_release
+from dptune.rundir import RunDir, write_private
+
+__all__ = ["RESULT_FILES", "FinalModel", "TrainRequest", "check_request", "run_final"]
+
+RESULT_FILES = ("model.pt", "metrics.json", "certificate.json")
+TEST_NOTE = "usual non-private held-out evaluation on the test split (not charged, not DP)"
+
+
+@dataclass(frozen=True)
+class FinalModel:
+    """What final training wrote (all shareable) and what it cost."""
+
+    out: Path
+    model: Path
+    metrics: dict[str, Any]
+    certificate: Certificate
+
+    @property
+    def epsilon(self) -> float:
+        return self.certificate.epsilon
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One final training (field names as the CLI's flags)."""
+
+    release: str | Path
+    out: str | Path
+    ledger: str | Path | None = None  # only the ledger the search recorded is accepted
+    run: str | Path | None = None  # the search's run dir (default: the release's parent)
+    target_epsilon: float | None = None
+    train_on_validation: bool = False
+    use_best_checkpoint: bool = False
+    epochs: float | None = None
+    device: str | None = None
+    seed: int | None = None  # NOT PRIVATE
+
+
+def check_request(req: TrainRequest) -> None:
+    if req.target_epsilon is not None and not (math.isfinite(req.target_epsilon) and req.target_epsilon > 0):
+        raise ConfigError("--target-epsilon", f"{req.target_epsilon} must be > 0", "give a total ε, e.g. 8")
+    if req.epochs is not None and not (math.isfinite(req.epochs) and req.epochs > 0):
+        raise ConfigError("--epochs", f"{req.epochs} must be > 0", "give e.g. 15")
+    if req.use_best_checkpoint:
+        for flag in ("target_epsilon", "epochs", "seed"):
+            if getattr(req, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')}", "has no effect with --use-best-checkpoint",
+                                  "drop it: the checkpoint is exported as trained")
+        if req.train_on_validation:
+            raise ConfigError("--train-on-validation", "has no effect with --use-best-checkpoint",
+                              "drop it: the checkpoint was trained on the training split only")
+    out = Path(req.out)
+    if out.exists() and (not out.is_dir() or any((out / f).exists() for f in RESULT_FILES)):
+        raise ConfigError("--out", f"{str(out)!r} already holds a result", "choose a new --out directory")
+
+
+@dataclass(frozen=True)
+class _Curator:
+    """What only the curator's machine has: the search's sealed record and the ledger that charged it."""
+
+    run: RunDir
+    state: dict[str, Any]
+    ledger: Ledger
+
+
+def _curator(req: TrainRequest, release: Release) -> _Curator:
+    """The sealed record of the search that made ``release`` and its ledger; the certificate must be that
+    ledger's authenticated charge for this very search (an edited or borrowed certificate is refused)."""
+    run = RunDir(Path(req.run) if req.run else release.path.parent)
+    state = run.read_state()
+    if "charge_id" not in state:
+        raise ConfigError("--release", f"no sealed search record at {run.state_file}: final training needs the "
+                          "search's sealed/ directory and ledger (on the curator's machine)",
+                          "point --release at runs/<name>/release beside its sealed/, or pass --run runs/<name>")
+    ledger_path = Path(state["ledger"])
+    if req.ledger is not None and Path(req.ledger).resolve() != ledger_path:
+        raise ConfigError("--ledger", f"the search was charged to {ledger_path}, not {req.ledger}",
+                          "drop --ledger: final training charges the ledger the search recorded")
+    if not ledger_path.is_file():
+        raise ConfigError("--ledger", f"the search's ledger {str(ledger_path)!r} does not exist",
+                          "restore it: every charge on this dataset is in it")
+    ledger = Ledger(ledger_path)
+    charges = verify_binding(release.certificate, ledger)
+    if charges[0].id != int(state["charge_id"]):
+        raise ConfigError("certificate.binding", f"certifies another search than {run.root.name!r}",
+                          "use the certificate this search released, unmodified")
+    return _Curator(run, state, ledger)
+
+
+def run_final(req: TrainRequest) -> FinalModel:
+    check_request(req)
+    release = load_release(req.release)
+    if req.use_best_checkpoint and not (release.path / "best_checkpoint.pt").is_file():
+        raise ConfigError("--use-best-checkpoint", f"{release.path}/best_checkpoint.pt does not exist",
+                          "rerun the search with --save-checkpoint (charged again), or train without this flag")
+    cur = _curator(req, release)
+    os.umask(0o077)
+
+    from dptune.data import load_dataset  # torch loads only once the inputs are known to be good
+
+    data = load_dataset(release.dataset)
+    if data.pool_fingerprint() != cur.state.get("fingerprint"):
+        raise ConfigError("--release", "the data differ from what the search ran on",
+                          "train on the data the search ran on, or run a new search on this data")
+    out = Path(req.out)
+    if req.use_best_checkpoint:
+        return _export_checkpoint(release, data, out, req.device)
+    return _train(req, release, data, cur, out)
+
+
+def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple[TrialConfig, Any, dict]:
+    cert = release.certificate
+    # no score is released by final training: score_noise None, and the event has no score part
+    config = release.config.replace(seed=seed, score_noise=None)
+    if req.epochs is not None:
+        config = config.replace(epochs=float(req.epochs))
+    q = sampling_rate(batch_size=config.batch_size, basis=n)
+    steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
+    if req.target_epsilon is not None:
+        try:
+            sigma = calibrate_noise_multiplier([e for _, e in cert.events], sampling_rate=q, steps=steps,
+                                               delta=cert.delta, target_epsilon=req.target_epsilon)
+        except ConfigError as e:
+            raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
+        config = config.replace(noise_multiplier=sigma)
+    event = trial_event(noise_multiplier=config.noise_multiplier, sampling_rate=q, steps=steps, score_noise=None)
+    summary = {"noise_multiplier": config.noise_multiplier, "sampling_rate": q, "steps": steps,
+               "epochs": config.epochs, "batch_size": config.batch_size, "n_train": n,
+               "train_on_validation": bool(req.train_on_validation), "target_epsilon": req.target_epsilon,
+               "epsilon_alone": epsilon([event], cert.delta)}
+    return config, event, summary
+
+
+def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: Path) -> FinalModel:
+    cert = release.certificate
+    if req.train_on_validation:  # the validation split's scores were charged; now it is training data too
+        import torch
+
+        merged = (torch.cat([data.train[0], data.val[0]]), torch.cat([data.train[1], data.val[1]]))
+        data = dataclasses.replace(data, train=merged)  # val stays for run_trial's internal, unreleased score
+    n = int(len(data.train[1]))
+    # the final training's DP noise: 128 bits of OS entropy (a narrow seed could be enumerated), sealed
+    seed = req.seed if req.seed is not None else secrets.randbits(128)
+    config, event, summary = _calibrated(req, release, n, seed)
+    composed = cert.compose_with("final_training", event, details={"final_training": summary})
+    if req.target_epsilon is not None and composed.epsilon > req.target_epsilon * (1 + 1e-9):
+        raise AssertionError(f"calibration missed: {composed.epsilon} > {req.target_epsilon}")  # pragma: no cover
+    if req.seed is not None:
+        print("WARNING: --seed fixes the final training's DP noise: NOT PRIVATE (tests/reproducibility only).",
+              file=sys.stderr)
+        composed = dataclasses.replace(composed, guarantee=guarantee(reproducible=True))
+    out.mkdir(parents=True, exist_ok=True)
+    sealed = _SealedFinal(cur.run, out, seed)
+    # rule 4: the charge is durable before training touches data; refused (nothing stored) if over budget —
+    # the ledger already holds every charge the certificate composes (verified above), so this checks the total
+    charge_id = cur.ledger.reserve(cur.state["budget_fingerprint"], f"final_training:{cur.run.root.name}", event)
+    sealed.write(ledger_charge=charge_id, started=time.time())
+    print(f"dptune train: charged to the ledger before training: epsilon = {summary['epsilon_alone']:.4f} alone "
+          f"(noise multiplier {config.noise_multiplier:.4f}, q = {summary['sampling_rate']:.4g}, "
+          f"{summary['steps']} steps, n = {n})")
+    from dptune import dpsgd
+
+    try:
+        charged = TrialPoint(noise_multiplier=config.noise_multiplier, sampling_rate=summary["sampling_rate"],
+                             steps=summary["steps"], score_noise=None)
+        result = dpsgd.run_trial(config, data, device=_device(req.device), evaluate_test=True, return_model=True,
+                                 charged_points=[charged])  # refuses to start unless it runs what was charged
+    except BaseException:
+        print("error: final training failed; its ledger charge stays reserved and counts "
+              "(the training may have touched the data)", file=sys.stderr)
+        raise
+    cur.ledger.commit(charge_id)
+    assert result.model_state is not None and result.test_accuracy is not None
+    if summary["steps"] != result.steps or summary["steps"] != result.noise_additions:  # the charge is what ran
+        raise AssertionError(f"ran {result.steps} steps ({result.noise_additions} noise additions), "
+                             f"charged {summary['steps']}")  # pragma: no cover
+    sealed.write(seconds=result.seconds, diverged=result.diverged, release=str(release.path))
+    composed = composed.bind(cur.ledger, [*cert.tokens(), cur.ledger.charge(charge_id).token])
+    _save_model(out / "model.pt", result.model_state, config, release.dataset)
+    metrics = {"test_accuracy": result.test_accuracy, "test_accuracy_kind": TEST_NOTE,
+               "clipping_mode": result.clipping_mode, **summary}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    composed.save(out / "certificate.json")
+    _print_result(result, cert, composed, summary["epsilon_alone"], out, sealed.path)
+    return FinalModel(out, out / "model.pt", metrics, composed)
+
+
+class _SealedFinal:
+    """Curator-side record of one final training (its seed, ledger row, timing): in the search's sealed/,
+    never beside the model that a user will share."""
+
+    def __init__(self, run: RunDir, out: Path, seed: int) -> None:
+        folder = run.sealed / "final"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        self.path = folder / f"{out.name}-{secrets.token_hex(4)}.json"
+        self.record: dict[str, Any] = {"seed": str(seed), "out": str(out.resolve()),
+                                       "note": "the seed drives the final training's DP noise: never publish it"}
+
+    def write(self, **fields: Any) -> None:
+        self.record.update(fields)
+        write_private(self.path, json.dumps(self.record, indent=1))
+
+
+def _print_result(result: Any, cert: Certificate, composed: Certificate, train_eps: float, out: Path,
+                  sealed: Path) -> None:
+    if result.diverged:
+        print("WARNING: training diverged (non-finite weights); the charge is spent all the same", file=sys.stderr)
+    print(f"  test accuracy: {result.test_accuracy:.4f} ({TEST_NOTE})")
+    print(f"  privacy: search epsilon = {cert.epsilon:.4f}, final training epsilon = {train_eps:.4f} alone, "
+          f"total epsilon = {composed.epsilon:.4f} (RDP composition; the sum would be "
+          f"{cert.epsilon + train_eps:.4f}), delta = {cert.delta:g}")
+    print(f"  files: {out}/model.pt, {out}/metrics.json, {out}/certificate.json (shareable); "
+          f"seed and run record sealed in {sealed}")
+
+
+def _export_checkpoint(release: Release, data: Any, out: Path, device: str | None) -> FinalModel:
+    """The search's best model, released under the search's certificate: nothing new touches the data
+    except the (non-private, uncharged) test evaluation."""
+    import torch
+
+    from dptune import dpsgd
+
+    ckpt = dpsgd.load_model(release.path / "best_checkpoint.pt")
+    trained = {k: v for k, v in dict(ckpt["config"]).items() if k != "seed"}
+    expected = release.config.to_public_dict()
+    if trained != expected:
+        raise ConfigError("best_checkpoint.pt", "was trained with another config than best_config.yaml",
+                          "use the release's files together, unmodified")
+    config = release.config
+    dev = torch.device(_device(device))
+    model = dpsgd.init_model(config, data).to(dev)
+    model.load_state_dict(ckpt["model_state"])
+    model.eval()
+    correct = 0
+    x, y = data.test
+    with torch.no_grad():
+        for i in range(0, len(y), 1024):
+            correct += int((model(x[i:i + 1024].to(dev)).argmax(1).cpu() == y[i:i + 1024]).sum())
+    accuracy = correct / len(y)
+
+    out.mkdir(parents=True, exist_ok=True)
+    _save_model(out / "model.pt", ckpt["model_state"], config, release.dataset)
+    shutil.copyfile(release.path / "certificate.json", out / "certificate.json")  # unchanged: no new charge
+    metrics = {"test_accuracy": accuracy, "test_accuracy_kind": TEST_NOTE, "steps": None,
+               "source": "best_checkpoint.pt"}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    cert = release.certificate
+    print("dptune train: exported the search's best checkpoint (no new charge)")
+    print(f"  test accuracy: {accuracy:.4f} ({TEST_NOTE})")
+    print(f"  privacy: epsilon = {cert.epsilon:.4f}, delta = {cert.delta:g} (the search's certificate, unchanged)")
+    print(f"  files: {out}/model.pt, {out}/metrics.json, {out}/certificate.json")
+    return FinalModel(out, out / "model.pt", metrics, cert)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _device(name: str | None) -> str:
+    if name:
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _save_model(path: Path, state: dict[str, Any], config: TrialConfig, dataset: DatasetSpec) -> None:
+    from dptune import dpsgd
+
+    dpsgd.save_model(path, state, config.to_public_dict(), dataset=dataclasses.asdict(dataset))
+
+

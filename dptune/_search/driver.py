@@ -1,0 +1,250 @@
+"""One private search, as a library call: plan → reserve (or resume the same charge) → draw → trials →
+release. The CLI (``python -m dptune.search``) parses flags into a :class:`SearchRequest` and prints.
+
+Order (rule 4): nothing touches data before the ledger holds the charge, except reading the dataset to
+fingerprint it and to know n (public: split sizes are treated as public, see the certificate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna.distributions as od
+
+from dptune._search.draw import Draw, make_draw
+from dptune._search.options import RayOptions, check_token_file
+from dptune.accounting import Plan, plan_search
+from dptune.config import SearchSpace
+from dptune.errors import ConfigError, check_delta
+from dptune.ledger import Charge, Ledger
+from dptune.release import (
+    day_of,
+    release_document,
+    released_params,
+    search_certificate,
+    select_best,
+    write_release,
+)
+from dptune.rundir import RunDir
+from dptune.trials import TrialRow, write_trials
+
+__all__ = ["SearchOutcome", "SearchRequest", "run_search", "run_spec"]
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    space: SearchSpace  # with every CLI override applied: this is what runs and what is charged
+    run_dir: Path
+    ledger: Path
+    budget_epsilon: float | None = None
+    budget_delta: float | None = None
+    new_dataset: bool = False
+    resume: bool = False
+    seed: int | None = None  # NOT PRIVATE
+    show_trials: bool = False
+    ray: RayOptions = dataclasses.field(default_factory=RayOptions)
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    run: RunDir
+    released: dict[str, Any]  # best_config.yaml's content
+    epsilon: float
+    delta: float
+    stopping: str
+    dashboard: str | None
+
+
+def run_spec(space: SearchSpace) -> dict[str, Any]:
+    """Everything about a search that changes what runs (a resumed search must match it exactly)."""
+    return {"name": space.name, "dataset": dataclasses.asdict(space.dataset), "fixed": space.fixed.to_dict(),
+            "space": {k: od.distribution_to_json(d) for k, d in sorted(space.space.items())},
+            "default": space.default.to_dict(), "privacy": dataclasses.asdict(space.privacy),
+            "accounting": space.accounting, "searcher": space.searcher, "scheduler": space.scheduler,
+            "tune_fraction": space.tune_fraction}
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    data: Any
+    n_train: int
+    plan: Plan
+    fingerprint: str
+    spec: dict[str, Any]
+
+
+def _prepare(req: SearchRequest) -> _Prepared:
+    from dptune.data import load_dataset
+
+    data = load_dataset(req.space.dataset)
+    n_train = int(len(data.train[1]))
+    # δ ≥ 1/n admits publishing one random example in the clear (n: the smaller, training split)
+    check_delta("privacy.delta", req.space.privacy.delta, n_train)
+    plan = plan_search(req.space, n_train, compare=False)
+    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space))
+
+
+def _budget_key(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> str:
+    """The budget this dataset is charged to: its own, or that of a budgeted near-copy (≥ 90 % shared)."""
+    digests = p.data.example_digests()
+    same = None if req.new_dataset else ledger.same_dataset(p.fingerprint, digests)
+    if same is not None:
+        if same[0] != p.fingerprint:
+            say(f"  this dataset shares {same[1]:.1%} of its examples with a budgeted dataset: charged to that "
+                "budget (pass --new-dataset only if it truly is another dataset)")
+        return same[0]
+    if req.new_dataset:
+        near = ledger.same_dataset(p.fingerprint, digests)
+        say("  --new-dataset: this dataset gets a budget of its own" + (
+            f", although it shares {near[1]:.1%} of its examples with a budgeted one" if near else ""))
+    if req.budget_epsilon is None:
+        raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {req.ledger}",
+                          "pass --budget-epsilon E (and --budget-delta) once, or use python -m dptune.ledger set-budget")
+    ledger.set_budget(p.fingerprint, req.budget_epsilon, req.budget_delta or req.space.privacy.delta,
+                      label=req.space.dataset.name, digests=digests)
+    return p.fingerprint
+
+
+def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
+             say: Callable[[str], None]) -> tuple[Charge, Draw]:
+    if run.root.exists():
+        raise ConfigError("--name", f"{run.root} already exists", "choose a new --name, or --resume that search")
+    budget_fp = _budget_key(req, ledger, p, say)
+    charge_id = ledger.reserve(budget_fp, run.root.name, p.plan.search_event)  # rule 4: durable first
+    run.create()
+    charge = ledger.charge(charge_id)
+    run.write_state(charge_id=charge_id, fingerprint=p.fingerprint, budget_fingerprint=budget_fp,
+                    run_spec=p.spec, event_sha256=_event_sha(charge), status="reserved",
+                    ledger=str(req.ledger.resolve()), reserved_at=charge.created)
+    draw = make_draw(req.space, p.plan.stopping, seed=req.seed)
+    draw.save(run.draw_file)
+    return charge, draw
+
+
+def _event_sha(charge: Charge) -> str:
+    from dptune.ledger import event_sha256
+
+    return event_sha256(charge.event)
+
+
+def _resume(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
+            say: Callable[[str], None]) -> tuple[Charge, Draw]:
+    """The same sealed draw under the charge made at reserve time — only if what would run now is exactly
+    what was charged then (a flag that changes what runs must change what is charged)."""
+    from dptune.ledger import event_sha256
+
+    state = run.read_state()
+    if not run.draw_file.exists() or "charge_id" not in state:
+        raise ConfigError("--resume", f"{run.root} holds no sealed draw", "give the --name of an interrupted search")
+    if state.get("status") == "released":
+        raise ConfigError("--resume", f"{run.root.name} already finished", f"its release is in {run.release}")
+    if Path(state["ledger"]) != req.ledger.resolve():
+        raise ConfigError("--ledger", f"the search was charged to {state['ledger']}", "resume with that --ledger")
+    if state.get("fingerprint") != p.fingerprint:
+        raise ConfigError("--space", "the dataset differs from the one the search was charged for",
+                          "resume with the same data")
+    changed = sorted(k for k in set(p.spec) | set(state.get("run_spec", {}))
+                     if p.spec.get(k) != state.get("run_spec", {}).get(k))
+    charge = ledger.charge(int(state["charge_id"]))
+    if changed or event_sha256(p.plan.search_event) != event_sha256(charge.event):
+        raise ConfigError("--resume", "what would run now differs from what was charged at reserve time "
+                          f"(changed: {', '.join(changed) or 'the charged event'})",
+                          "resume with exactly the original --space and flags (--epochs, --smoke-test, "
+                          "--accounting, --trials, --searcher, --tune-fraction), or start a new search")
+    if charge.status == "aborted":
+        raise ConfigError("--resume", "its ledger charge was aborted", "start a new search")
+    say(f"  resuming; charged at reserve time: epsilon = {charge.epsilon:.4f} (no new charge)")
+    return charge, Draw.load(run.draw_file)
+
+
+def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
+                say: Callable[[str], None]) -> tuple[list[TrialRow], str | None]:
+    if draw.k == 0:
+        return [], None
+    from dptune._search import runner
+    from dptune._search.raysession import RaySession
+
+    data = p.data
+    f = req.space.tune_fraction
+    if f < 1:  # X₁ drawn once from the sealed (secret, 128-bit) stream: a resumed search sees the same
+        from dptune.data import poisson_subsample
+
+        data = poisson_subsample(data, f, draw.stream_seed("subsample"))
+    eps = f"{p.plan.search_epsilon:.4f}"
+    # the dashboard's job list shows metadata["job_name"] as the job's Name: which search, what it costs
+    opts = dataclasses.replace(req.ray, job_metadata={
+        **req.ray.job_metadata, "job_name": f"dptune search {run.root.name}: epsilon {p.plan.search_epsilon:.2f}",
+        "dptune_run": run.root.name, "dptune_space": req.space.name, "dptune_epsilon": eps,
+        "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
+    with RaySession(opts) as dashboard:
+        say(f"  Ray dashboard: {dashboard or 'see your cluster head'}")
+        run.write_state(status="running", dashboard=dashboard)
+        rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
+                                 resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
+                                 charged_points=p.plan.points)
+    return rows, dashboard
+
+
+def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> SearchOutcome:
+    """Run (or resume) one search; raises ConfigError before anything is charged for bad input, and
+    ``runner.SearchInterrupted`` (trials sealed, charge kept) when interrupted."""
+    from dptune._search.runner import SearchInterrupted
+
+    os.umask(0o077)  # every file this search (and the Ray it starts) writes is owner-only
+    check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
+    p = _prepare(req)
+    ledger = Ledger(req.ledger)
+    run = RunDir(req.run_dir)
+    if req.seed is not None or os.environ.get("DPTUNE_TEST_DRAW_SEED") is not None:
+        say("WARNING: fixed randomness (--seed or the test hook): K, the configs and all DP noise are "
+            "reproducible: NOT PRIVATE (tests/reproducibility only).")
+    charge, draw = (_resume if req.resume else _reserve)(req, run, ledger, p, say)
+    say(f"dptune search {run.root.name!r}: space {req.space.name} ({req.space.searcher} search, "
+        f"{p.plan.stopping.label()})")
+    say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
+        f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
+    try:
+        rows, dashboard = _run_trials(req, run, p, draw, say)
+    except SearchInterrupted as e:
+        write_trials(run.trials_file, e.rows)
+        run.write_state(status="interrupted")
+        raise
+    write_trials(run.trials_file, rows)
+    return _release(req, run, ledger, p, charge, draw, rows, dashboard)
+
+
+def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,
+             rows: list[TrialRow], dashboard: str | None) -> SearchOutcome:
+    best = select_best(rows)
+    params, score = released_params(req.space, best, p.n_train)
+    document = release_document(req.space, params, score)
+    budget_fp = run.read_state()["budget_fingerprint"]
+    cert = search_certificate(req.space, p.plan, charge.event, dataset_id=ledger.dataset_id(budget_fp),
+                              reproducible=draw.reproducible, created=day_of(charge.created))
+    cert = cert.bind(ledger, [charge.token])
+    checkpoint = None
+    if req.ray.save_model and best is not None and best.checkpoint:
+        checkpoint = Path(best.checkpoint) / "model.pt"
+    write_release(run.release, document, cert, mtime=charge.created, checkpoint=checkpoint)
+    ledger.commit(charge.id)
+    run.write_state(status="released")
+    return SearchOutcome(run, document, cert.epsilon, cert.delta, p.plan.stopping.label(), dashboard)
+
+
+def default_run_name(space: SearchSpace) -> str:
+    """``<space>-<random>``: a start time in the name would date the release (and, with its files'
+    times, give the search's duration)."""
+    import secrets
+
+    return f"{space.name}-{secrets.token_hex(4)}"

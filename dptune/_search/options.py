@@ -1,0 +1,55 @@
+"""How a search uses Ray (performance and placement knobs; none of them changes what is charged)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dptune.errors import ConfigError
+
+__all__ = ["RayOptions", "check_token_file"]
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    address: str | None = None
+    num_cpus: int | None = None
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: str = "auto"
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int | None = None
+    max_failures: int = 3
+    checkpoint_every: int = 0
+    save_model: bool = False
+    job_metadata: dict[str, str] = field(default_factory=dict)
+
+
+def _token_path() -> Path:
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def check_token_file(create: bool) -> Path | None:
+    """The Ray auth token must be readable by the curator only: the dashboard's job API runs code as the
+    curator for whoever holds it. A missing token is created 0600 in a 0700 directory (``create``); an
+    existing one with looser modes is refused. Returns the token file (None: the token is in the env)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    path = _token_path()
+    if not path.exists():
+        if not create:
+            return None
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for p, mode, what in ((path.parent, 0o700, "directory"), (path, 0o600, "file")):
+        if p.exists() and stat.S_IMODE(p.stat().st_mode) & 0o077:
+            raise ConfigError("ray auth token", f"the token {what} {p} is readable by other users (mode "
+                              f"{stat.S_IMODE(p.stat().st_mode):o}): any local user could drive the dashboard's "
+                              "job API as you", f"run: chmod {mode:o} {p}")
+    if not path.exists():
+        import secrets
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))  # the format of `ray get-auth-token --generate`
+    return path

@@ -1,0 +1,60 @@
+"""Starting or joining Ray for a search, safely: token auth with an owner-only token, session files in an
+owner-only temp dir, the dashboard on loopback, nothing printed that names trials."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import ray
+
+from dptune._search.options import RayOptions, check_token_file
+
+__all__ = ["RaySession"]
+
+
+class RaySession:
+    """``with RaySession(opts) as dashboard_url:`` a local Ray (or the cluster at ``opts.address``)."""
+
+    def __init__(self, opts: RayOptions) -> None:
+        self.opts = opts
+        self.temp_dir: str | None = None
+        self.dashboard: str | None = None
+
+    def __enter__(self) -> str | None:
+        opts = self.opts
+        job_config = ray.job_config.JobConfig(metadata=opts.job_metadata)
+        check_token_file(create=not opts.address)
+        # token auth on, said explicitly (Ray 2.60 would turn it on for a local ray.init with a raw warning)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        if opts.address:
+            ctx = ray.init(address=opts.address, log_to_driver=False, job_config=job_config,
+                           configure_logging=True, logging_level=logging.WARNING)
+        else:
+            kwargs: dict[str, Any] = {}
+            if opts.dashboard_port is not None:
+                kwargs["dashboard_port"] = opts.dashboard_port
+            # session logs and spilled objects in an owner-only dir (mkdtemp: 0700), not world-readable
+            # /tmp/ray; kept short for the ~107-byte Unix socket path limit
+            self.temp_dir = tempfile.mkdtemp(prefix="dptune-", dir="/tmp")
+            # address="local": always a new private instance, never a Ray someone else advertised here
+            ctx = ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=True,
+                           dashboard_host=opts.dashboard_host, log_to_driver=False, job_config=job_config,
+                           logging_level=logging.WARNING, _temp_dir=self.temp_dir, **kwargs)
+        for name in ("ray.tune", "ray.train", "ray.air"):  # their warnings can count trials
+            logging.getLogger(name).setLevel(logging.ERROR)
+        check_token_file(create=False)  # whatever Ray wrote must be owner-only too
+        url = getattr(ctx, "dashboard_url", None)
+        if url and not str(url).startswith("http"):
+            url = "http://" + str(url)
+        self.dashboard = url
+        return url
+
+    def __exit__(self, *exc: object) -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -1,0 +1,108 @@
+"""The Python API: plan, search and train from a notebook with the same validation, ledger and
+certificates as the CLIs (which are thin wrappers over the same library calls).
+
+    import dptune
+    plan = dptune.plan("search_spaces/digits.yaml")            # what the search will cost
+    found = dptune.search("search_spaces/digits.yaml", budget_epsilon=30, num_cpus=2)
+    model = dptune.train(found.release, target_epsilon=12)     # composed total ε ≤ 12
+    print(found.config, found.epsilon, model.metrics["test_accuracy"], model.epsilon)
+
+A space is a YAML path or a dict with the same keys. Bad input raises :class:`dptune.ConfigError` (naming
+the field) before anything is charged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dptune.accounting import Plan, plan_search
+from dptune.certificate import Certificate, load_certificate
+from dptune.config import SearchSpace, check_adaptive, load_space, nominal_train_size, parse_space
+from dptune.errors import ConfigError, check_positive, check_unit_interval
+
+__all__ = ["SearchResult", "plan", "search", "train"]
+
+
+def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction: float | None = None,
+           epochs: float | None = None) -> SearchSpace:
+    if isinstance(space, SearchSpace):
+        out = space
+    elif isinstance(space, Mapping):
+        out = parse_space(dict(space), source=None)
+    else:
+        out = load_space(space)
+    changes: dict[str, Any] = {}
+    if tune_fraction is not None:
+        changes["tune_fraction"] = check_unit_interval("tune_fraction", tune_fraction, "choose e.g. 0.25, or 1",
+                                                       include_one=True)
+    if epochs is not None:
+        if "epochs" in out.space:
+            raise ConfigError("epochs", "epochs is searched in this space", "drop epochs or fix it in the space")
+        e = check_positive("epochs", epochs, "give e.g. 5")
+        changes.update(fixed=out.fixed.replace(epochs=e), default=out.default.replace(epochs=e))
+    out = dataclasses.replace(out, **changes)
+    check_adaptive(out)
+    return out
+
+
+def plan(space: str | Path | Mapping[str, Any] | SearchSpace, *, n_train: int | None = None,
+         tune_fraction: float | None = None) -> Plan:
+    """The charge of a search over ``space`` (the worst case over it), before anything touches data."""
+    s = _space(space, tune_fraction=tune_fraction)
+    n = n_train if n_train is not None else nominal_train_size(s.dataset)
+    if n is None:
+        raise ConfigError("n_train", f"dataset {s.dataset.name!r} has no nominal size", "pass n_train=…")
+    return plan_search(s, int(n))
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The release of one search: only the best trial's config and noised score, and the certificate."""
+
+    run: Path
+    release: Path
+    config: dict[str, Any]
+    score: float | None
+    certificate: Certificate
+
+    @property
+    def epsilon(self) -> float:
+        return self.certificate.epsilon
+
+
+def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilon: float | None = None,
+           budget_delta: float | None = None, ledger: str | Path = "runs/ledger.sqlite",
+           runs_dir: str | Path = "runs", name: str | None = None, tune_fraction: float | None = None,
+           epochs: float | None = None, num_cpus: int | None = None, address: str | None = None,
+           cpus_per_trial: float = 1.0, gpus_per_trial: str = "auto", save_checkpoint: bool = False,
+           new_dataset: bool = False, resume: bool = False, seed: int | None = None) -> SearchResult:
+    """Run a private random search (charged to ``ledger`` before any trial) and return its release."""
+    from dptune._search.driver import SearchRequest, default_run_name, run_search
+    from dptune._search.options import RayOptions
+
+    s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
+    run_name = name or default_run_name(s)
+    ray = RayOptions(address=address, num_cpus=num_cpus, cpus_per_trial=cpus_per_trial,
+                     gpus_per_trial=gpus_per_trial, save_model=save_checkpoint)
+    out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name, ledger=Path(ledger),
+                                   budget_epsilon=budget_epsilon, budget_delta=budget_delta, new_dataset=new_dataset,
+                                   resume=resume, seed=seed, ray=ray))
+    release = out.run.release
+    return SearchResult(out.run.root, release, dict(out.released["config"]), out.released["score"],
+                        load_certificate(release / "certificate.json"))
+
+
+def train(release: str | Path | SearchResult, *, out: str | Path | None = None, target_epsilon: float | None = None,
+          train_on_validation: bool = False, epochs: float | None = None, device: str | None = None,
+          use_best_checkpoint: bool = False, seed: int | None = None) -> Any:
+    """Final DP training of a release (charged to the search's own ledger); returns a ``FinalModel``."""
+    from dptune._final import TrainRequest, run_final
+
+    rel = release.release if isinstance(release, SearchResult) else Path(release)
+    return run_final(TrainRequest(release=rel, out=Path(out) if out else rel.parent / "final",
+                                  target_epsilon=target_epsilon, train_on_validation=train_on_validation,
+                                  epochs=epochs, device=device, use_best_checkpoint=use_best_checkpoint, seed=seed))

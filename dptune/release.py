@@ -1,0 +1,185 @@
+"""What leaves ``sealed/``: one home for every release decision of a search (rule 3). No Ray, no torch.
+
+* :func:`select_best` — the best trial: highest released score, ties to the lowest index; crashed and
+  diverged trials count with score −∞ (rule 5), so they are selected only when nothing else ran;
+* :func:`released_params` — K = 0 releases the space's declared default (rule 1); with subsample tuning
+  the transfer rule moves the selected config to the full data;
+* :func:`release_document` — ``best_config.yaml``: the complete config, no seed, no internal field;
+* :func:`search_certificate` — the certificate, built from the event the ledger charged;
+* :func:`write_release` — the files, with file times set to the reservation time (the search's duration,
+  and so roughly K, must not be readable from ``release/``).
+
+``dptune.search``, the Python API and ``bench/tuning_value.py`` all call these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dp_accounting import dp_event as de
+
+from dptune.accounting import Plan, transfer_config
+from dptune.certificate import Certificate, load_certificate
+from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig, coerce_value
+from dptune.errors import ConfigError
+from dptune.trials import TrialRow
+
+__all__ = ["Release", "load_release", "release_document", "released_params", "search_certificate", "select_best",
+           "write_release"]
+
+
+def select_best(rows: Sequence[TrialRow]) -> TrialRow | None:
+    """The trial to release; None when K = 0 (no trial ran)."""
+    return max(rows, key=lambda r: r.rank_key) if rows else None
+
+
+def released_params(space: SearchSpace, best: TrialRow | None, n_train: int) -> tuple[dict[str, Any], float | None]:
+    """(searched hyperparameters, score) to release. K = 0: the default config and no score.
+
+    With ``search.tune_fraction`` f < 1 the trial ran on a Poisson subsample at q = B/(f·n); the transfer
+    rule keeps q (batch size B/f on the full data), epochs, learning rate and σ (``transfer_config``).
+    """
+    if best is None:
+        return {k: getattr(space.default, k) for k in space.space}, None
+    params = dict(best.params)
+    if space.tune_fraction < 1:
+        params = transfer_config(params, fraction=space.tune_fraction, n_train=n_train)
+    score = best.rank_key[0]
+    return params, (None if score == float("-inf") else float(score))
+
+
+def release_document(space: SearchSpace, params: dict[str, Any], score: float | None) -> dict[str, Any]:
+    """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one)."""
+    private = not space.dataset.public_validation
+    doc: dict[str, Any] = {
+        "released_by": "dptune.search",
+        "space": space.name,
+        "dataset": dataclasses.asdict(space.dataset),
+        "config": space.fixed.replace(**params).to_public_dict(),
+        "privacy": {"delta": space.privacy.delta},
+        "score": score,
+        "score_kind": "validation accuracy" + (f" + Gaussian noise (std {space.privacy.score_noise:g} on the "
+                                               "correct-count)" if private else " (public split)"),
+        "certificate": "certificate.json",
+    }
+    if space.tune_fraction < 1:
+        doc["tuned_on_fraction"] = space.tune_fraction
+    return doc
+
+
+def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent, *, dataset_id: str,
+                       reproducible: bool, created: str) -> Certificate:
+    """The search's certificate. Its event is the one the ledger charged at reserve time (a resumed
+    search was checked to plan the same event); the plan supplies only descriptive details."""
+    details: dict[str, Any] = {
+        "kind": "search", "space": space.name, "searcher": space.searcher, "accounting": space.accounting,
+        "n_train": plan.n_train, "trial_epsilon": plan.trial_epsilon, "search_epsilon": plan.search_epsilon,
+        "worst_case": [dataclasses.asdict(p) for p in plan.points],
+    }
+    if space.tune_fraction < 1:
+        details.update({
+            "tune_fraction": space.tune_fraction, "subsample_rule": "Poisson, drawn once from the sealed seed",
+            "trial_sampling_rate_basis": "B/(f*n)",
+            "amplification": "Zhu & Wang 2019 Thm 6 on the whole search; validation releases unamplified",
+            "transfer_rule": "batch_size / f (same q = B/n), same epochs, learning rate, noise multiplier"})
+    return Certificate.build(dataset_id, plan.delta, [("search", charged_event)], plan.stopping.describe(),
+                             details, reproducible=reproducible, created=created)
+
+
+def day_of(timestamp: float) -> str:
+    """The UTC day of a timestamp: the only time a release carries."""
+    return time.strftime("%Y-%m-%d", time.gmtime(timestamp))
+
+
+def write_release(release_dir: Path, document: dict[str, Any], certificate: Certificate, *, mtime: float,
+                  checkpoint: Path | None = None) -> list[Path]:
+    """Write ``best_config.yaml``, ``certificate.json`` (and ``best_checkpoint.pt``), every file and the
+    directory stamped with ``mtime`` (the reservation time: reveals the start, never the duration)."""
+    release_dir.mkdir(exist_ok=True)
+    cfg = release_dir / "best_config.yaml"
+    cfg.write_text("# Released by dptune.search: the best trial's complete config. Train it with\n"
+                   f"#   python -m dptune.train --release {release_dir}\n"
+                   + yaml.safe_dump(document, sort_keys=False))
+    files = [cfg, release_dir / "certificate.json"]
+    certificate.save(files[1])
+    if checkpoint is not None:
+        files.append(release_dir / "best_checkpoint.pt")
+        shutil.copyfile(checkpoint, files[-1])
+    for f in [*files, release_dir]:
+        os.utime(f, (mtime, mtime))
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading a release back (final training)
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    path: Path
+    dataset: DatasetSpec
+    config: TrialConfig  # seed 0 here: final training draws its own
+    certificate: Certificate
+
+
+def load_release(path: str | Path) -> Release:
+    """Validate ``best_config.yaml`` and the certificate of a release directory (ConfigError otherwise).
+    The certificate's ε is recomputed here; its binding to the ledger is checked by the caller."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ConfigError("--release", f"{str(root)!r} is not a directory",
+                          "point at runs/<name>/release, written by `python -m dptune.search`")
+    raw = _read_yaml(root / "best_config.yaml")
+    for key in ("dataset", "config"):
+        if not isinstance(raw.get(key), dict):
+            raise ConfigError(f"best_config.{key}", "is missing or not a mapping", "use the file the search released")
+    dataset = _dataset_spec(raw["dataset"])
+    cfg = dict(raw["config"])
+    for key in INTERNAL_FIELDS:
+        if key in cfg:
+            raise ConfigError(f"best_config.config.{key}", "is internal to dptune and never released (a seed drove "
+                              "a trial's noise; the sampling basis is the search's own)",
+                              "remove it: use the file the search released, unmodified")
+    # every field must be given: a silently defaulted privacy or model setting would train something else
+    missing = sorted({f.name for f in dataclasses.fields(TrialConfig)} - set(INTERNAL_FIELDS) - set(cfg))
+    if missing:
+        raise ConfigError(f"best_config.config.{missing[0]}", "is missing", "use the file the search released")
+    config = TrialConfig.from_dict(cfg, where="best_config.config")
+    cert = load_certificate(root / "certificate.json")  # verifies ε against its events
+    delta = (raw.get("privacy") or {}).get("delta", cert.delta)
+    if delta != cert.delta:
+        raise ConfigError("best_config.privacy.delta", f"{delta!r} differs from the certificate's δ = {cert.delta:g}",
+                          "use the release's files together, unmodified")
+    return Release(root, dataset, config, cert)
+
+
+def _read_yaml(cfg_file: Path) -> dict[str, Any]:
+    if not cfg_file.is_file():
+        raise ConfigError("best_config.yaml", f"{str(cfg_file)!r} does not exist",
+                          "point --release at a complete release directory written by `python -m dptune.search`")
+    try:
+        raw = yaml.safe_load(cfg_file.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError("best_config.yaml", f"is corrupt ({str(e).splitlines()[0]})",
+                          "use the file the search released, unmodified") from e
+    if not isinstance(raw, dict):
+        raise ConfigError("best_config.yaml", "is not a YAML mapping", "use the file the search released")
+    return raw
+
+
+def _dataset_spec(raw: dict[str, Any]) -> DatasetSpec:
+    fields = {f.name: f for f in dataclasses.fields(DatasetSpec)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"best_config.dataset.{unknown[0]}", "unknown key", f"use one of: {', '.join(fields)}")
+    missing = sorted(set(fields) - set(raw))
+    if missing:
+        raise ConfigError(f"best_config.dataset.{missing[0]}", "is missing", "use the file the search released")
+    return DatasetSpec(**{k: coerce_value(f"best_config.dataset.{k}", v, fields[k].type) for k, v in raw.items()})

@@ -1,0 +1,67 @@
+"""The Python API runs the same library calls as the CLIs: same validation, same ledger entries, same
+certificates. K = 0 (a fixed, NOT PRIVATE draw seed) keeps it fast: no Ray, a real final training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import dptune
+from dptune import accounting as A
+from dptune.ledger import Ledger, event_sha256
+from dptune.search import main as search_main
+from dptune.train import main as train_main
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACE = ROOT / "search_spaces" / "digits.yaml"
+
+
+def _k0_seed() -> int:
+    rule = A.stopping_rule("poisson", mean=3.0)
+    return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
+
+
+def _entries(path: Path) -> list[tuple[str, str, str]]:
+    return [(c.name.split(":")[0], c.status, event_sha256(c.event)) for c in Ledger(path).charges()]
+
+
+def test_api_plan_search_train_match_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    seed = _k0_seed()
+    raw = yaml.safe_load(SPACE.read_text())
+    plan = dptune.plan(raw)  # a dict works like the YAML path
+    assert plan.search_epsilon == pytest.approx(dptune.plan(SPACE).search_epsilon, rel=1e-12)
+
+    found = dptune.search(raw, budget_epsilon=30, ledger=tmp_path / "api.sqlite", runs_dir=tmp_path / "api",
+                          name="s", seed=seed, epochs=2)
+    model = dptune.train(found, target_epsilon=found.epsilon + 2, epochs=1, seed=1)
+    assert found.score is None and found.config["batch_size"] == raw["default"]["batch_size"]  # K = 0
+    assert model.epsilon <= found.epsilon + 2 and 0 <= model.metrics["test_accuracy"] <= 1
+
+    assert search_main(["--space", str(SPACE), "--name", "s", "--runs-dir", str(tmp_path / "cli"), "--ledger",
+                        str(tmp_path / "cli.sqlite"), "--budget-epsilon", "30", "--seed", str(seed),
+                        "--epochs", "2"]) == 0
+    assert train_main(["--release", str(tmp_path / "cli" / "s" / "release"), "--out", str(tmp_path / "cli-final"),
+                       "--target-epsilon", str(found.epsilon + 2), "--epochs", "1", "--seed", "1"]) == 0
+    capsys.readouterr()
+    assert _entries(tmp_path / "api.sqlite") == _entries(tmp_path / "cli.sqlite")
+    api_cert = json.loads((model.out / "certificate.json").read_text())
+    cli_cert = json.loads((tmp_path / "cli-final" / "certificate.json").read_text())
+    assert api_cert["epsilon"] == pytest.approx(cli_cert["epsilon"], rel=1e-12)
+    assert [e["event"] for e in api_cert["events"]] == [e["event"] for e in cli_cert["events"]]
+
+
+def test_api_bad_input_raises_config_error_and_charges_nothing(tmp_path: Path) -> None:
+    raw = yaml.safe_load(SPACE.read_text())
+    raw["privacy"]["delta"] = 0.01  # ≥ 1/n
+    with pytest.raises(dptune.ConfigError, match="privacy.delta"):
+        dptune.search(raw, budget_epsilon=30, ledger=tmp_path / "l.sqlite", runs_dir=tmp_path / "runs")
+    assert Ledger(tmp_path / "l.sqlite").charges() == []
+    with pytest.raises(dptune.ConfigError, match="tune_fraction"):
+        dptune.plan(SPACE, tune_fraction=0)
