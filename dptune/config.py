@@ -114,7 +114,9 @@ def coerce_value(name: str, value: Any, type_: Any) -> Any:
             return None
         raise ConfigError(name, "is missing (null)", "give a value")
     if t.startswith("int"):
-        if isinstance(value, bool) or not isinstance(value, int | float) or float(value) != int(value):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value  # exact at any width (a trial's 128-bit entropy does not survive a float)
+        if not isinstance(value, float) or not value.is_integer():
             raise ConfigError(name, f"{value!r} is not an integer", "give a whole number")
         return int(value)
     if t.startswith("float"):

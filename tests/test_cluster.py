@@ -36,7 +36,10 @@ class Cluster:
         r = subprocess.run([RAY, "get-auth-token", "--generate"], env=self.env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0, r.stderr
-        self.token = (Path(self.env["HOME"]) / ".ray" / "auth_token").read_text().strip()
+        token = Path(self.env["HOME"]) / ".ray" / "auth_token"
+        token.parent.chmod(0o700)  # what cluster.yaml's setup_commands do on every node
+        token.chmod(0o600)
+        self.token = token.read_text().strip()
         common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
         head = [RAY, "start", "--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={self.dashboard_port}", *common]
@@ -86,7 +89,7 @@ def test_trials_ran_on_both_nodes(cluster: Cluster, search: tuple[Path, subproce
     base, _ = search
     trials = pq.read_table(base / "runs" / "mn" / "sealed" / "trials.parquet").to_pylist()
     assert len({t["node"] for t in trials}) == 2, [t["node"] for t in trials]
-    assert all(t["steps"] > 0 and not t["crashed"] for t in trials)
+    assert all(t["steps"] > 0 and not t["crashed"] for t in trials), [t["error"] for t in trials]
 
 
 def test_dashboard_lists_the_job_with_its_charge(cluster: Cluster,

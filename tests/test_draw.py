@@ -52,3 +52,11 @@ def test_reproducible_draw_is_labelled_and_replays(monkeypatch: pytest.MonkeyPat
     a, b = make_draw(space, rule), make_draw(space, rule)
     assert a == b and a.reproducible
     assert all(t["seed"].bit_length() > 64 for t in a.trials)
+
+
+def test_trial_config_keeps_a_128_bit_seed_exactly() -> None:
+    """A float round trip would truncate the entropy (and once refused it as 'not an integer')."""
+    from dptune.config import TrialConfig
+
+    seed = 2**127 + 12345
+    assert TrialConfig.from_dict({"seed": seed}).seed == seed
