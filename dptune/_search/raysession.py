@@ -4,7 +4,6 @@ owner-only temp dir, the dashboard on loopback, nothing printed that names trial
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from typing import Any
@@ -28,8 +27,6 @@ class RaySession:
         opts = self.opts
         job_config = ray.job_config.JobConfig(metadata=opts.job_metadata)
         check_token_file(create=not opts.address)
-        # token auth on, said explicitly (Ray 2.60 would turn it on for a local ray.init with a raw warning)
-        os.environ["RAY_AUTH_MODE"] = "token"
         if opts.address:
             ctx = ray.init(address=opts.address, log_to_driver=False, job_config=job_config,
                            configure_logging=True, logging_level=logging.WARNING)
