@@ -191,6 +191,9 @@ class PrivacySpec:
     mean: float = 3.0  # mean number of trials (poisson, tnb) or the fixed number of trials (composed)
     eta: float = 1.0  # TNB shape: 0 logarithmic, 1 geometric
     score_noise: float | None = 6.0  # std of the Gaussian noise on the validation correct-count
+    # the total ε the curator plans for search + final training (the search prints the final-training
+    # command calibrated to it); None: the curator chooses at final training
+    target_epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -344,6 +347,9 @@ def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
                           "set privacy.score_noise > 0, or dataset.public_validation: true")
     if p.score_noise is not None and not (math.isfinite(p.score_noise) and p.score_noise > 0):
         raise ConfigError("privacy.score_noise", f"{p.score_noise!r} must be > 0", "choose e.g. 6.0")
+    if p.target_epsilon is not None:
+        check_positive("privacy.target_epsilon", p.target_epsilon, "give the total ε for search + final training, "
+                       "e.g. 8, or leave it out")
 
 
 def check_adaptive(s: SearchSpace) -> None:

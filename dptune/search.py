@@ -171,14 +171,20 @@ def _print_release(req: SearchRequest, out: Any) -> None:
     print(f"released (everything else stays sealed in {out.run.sealed}):")
     print("  config: " + json.dumps({k: release["config"][k] for k in sorted(req.space.space)}))
     if release["score"] is not None:
-        print(f"  score:  {release['score']:.4f} = {release['score_kind']}: good for choosing among configs, "
-              "not a model's accuracy (the final model's test accuracy comes from dptune.train)")
+        print(f"  score:  {release['score']:.4f} = the best trial's {release['score_kind']}; it ranks configs "
+              "trained at the search's (noisier) settings and is not the final model's accuracy, which "
+              "dptune.train reports on the test split")
     else:
         print("  score:  none (no trial was drawn: the space's default config is released)")
     print(f"  privacy: epsilon = {out.epsilon:.4f}, delta = {out.delta:g}, {out.stopping}")
     print(f"  files:  {rel}/best_config.yaml, {rel}/certificate.json")
-    print(f"  next:   python -m dptune.train --release {rel} --out {out.run.root}/final --target-epsilon E "
-          "(E = your total budget for search + final training)")
+    target = req.space.privacy.target_epsilon
+    if target is not None and target > out.epsilon:
+        print(f"  next:   python -m dptune.train --release {rel} --out {out.run.root}/final --target-epsilon "
+              f"{target:g} --train-on-validation   (final training calibrated so search + training <= epsilon {target:g})")
+    else:
+        print(f"  next:   python -m dptune.train --release {rel} --out {out.run.root}/final --target-epsilon E "
+              "(E = your total budget for search + final training)")
 
 
 callable_module(__name__, "search")  # dptune.search(...) is the API function, module or not

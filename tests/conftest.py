@@ -35,3 +35,15 @@ def isolated_env_for(tmp_path: Path) -> dict[str, str]:
 def run_cli(args: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=timeout)
+
+
+def digits_seed_with_k(lo: int, hi: int) -> int:
+    """A (NOT PRIVATE, test-only) draw seed for which the digits space's stopping rule draws lo <= K <= hi."""
+    import numpy as np
+
+    from dptune.accounting import stopping_rule
+    from dptune.config import load_space
+
+    p = load_space(ROOT / "search_spaces" / "digits.yaml").privacy
+    rule = stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
+    return next(s for s in range(10_000) if lo <= rule.draw_k(np.random.default_rng([s, 0])) <= hi)

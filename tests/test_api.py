@@ -6,23 +6,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
 import dptune
-from dptune import accounting as A
 from dptune.ledger import Ledger, event_sha256
 from dptune.search import main as search_main
 from dptune.train import main as train_main
+from tests.conftest import digits_seed_with_k
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE = ROOT / "search_spaces" / "digits.yaml"
 
 
 def _k0_seed() -> int:
-    rule = A.stopping_rule("poisson", mean=3.0)
-    return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
+    return digits_seed_with_k(0, 0)
 
 
 def _entries(path: Path) -> list[tuple[str, str, str]]:

@@ -10,11 +10,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
-from dptune import accounting as A
 from dptune.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,9 +21,10 @@ GOOD_PLAN = ["--noise-multiplier", "1.5", "--sampling-rate", "0.04", "--steps", 
              "--public-validation"]
 
 
-def _k0_seed(mean: float = 3.0) -> int:
-    rule = A.stopping_rule("poisson", mean=mean)
-    return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
+def _k0_seed() -> int:
+    from tests.conftest import digits_seed_with_k
+
+    return digits_seed_with_k(0, 0)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +38,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     os.environ["DPTUNE_TEST_DRAW_SEED"] = str(_k0_seed())
     try:
         rc = search_main(["--space", str(SPACE), "--name", "demo", "--runs-dir", str(base / "runs"), "--ledger",
-                          str(base / "ledger.sqlite"), "--budget-epsilon", "8"])
+                          str(base / "ledger.sqlite"), "--budget-epsilon", "4"])
     finally:
         os.environ.pop("DPTUNE_TEST_DRAW_SEED")
         if old is not None:
@@ -152,7 +151,7 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("search", lambda w: ["--space", str(SPACE), "--budget-epsilon", "-1"], "--budget-epsilon"),
     ("search", lambda w: ["--space", str(SPACE), "--name", "../escape"], "--name"),
     ("search", lambda w: ["--space", str(SPACE), "--resume", "--name", "never-ran"], "--resume"),
-    ("search", lambda w: ["--space", str(SPACE), "--name", "over"], "budget"),  # over budget: 6.6 + 6.6 > 8
+    ("search", lambda w: ["--space", str(SPACE), "--name", "over"], "budget"),  # over budget: 2.9 + 2.9 > 4
     ("search", lambda w: ["--space", str(SPACE), "--cpus-per-trial", "0"], "--cpus-per-trial"),
     ("search", lambda w: ["--space", str(w["big_delta"])], "privacy.delta"),  # δ ≥ 1/n (issue item 12)
     ("search", lambda w: ["--space", str(w["bad_default"])], "default.batch_size"),  # not a choice (item 12)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import ROOT, free_port, isolated_env_for, run_cli
+from tests.conftest import ROOT, digits_seed_with_k, free_port, isolated_env_for, run_cli
 
 pytestmark = pytest.mark.ray
 RAY = str(Path(sys.executable).parent / "ray")
@@ -72,12 +72,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def search(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     base = tmp_path_factory.mktemp("search")
-    import numpy as np
 
-    from dptune.accounting import stopping_rule
 
-    rule = stopping_rule("poisson", mean=3.0)
-    seed = next(s for s in range(10_000) if 3 <= rule.draw_k(np.random.default_rng([s, 0])) <= 4)
+    seed = digits_seed_with_k(3, 4)
     r = run_cli(["-m", "dptune.search", "--space", "search_spaces/digits.yaml", "--name", "mn",
                  "--runs-dir", str(base / "runs"), "--ledger", str(base / "l.sqlite"), "--budget-epsilon", "30",
                  "--address", cluster.address, "--smoke-test", "--seed", str(seed)], cluster.env)
@@ -102,7 +99,7 @@ def test_dashboard_lists_the_job_with_its_charge(cluster: Cluster,
     meta = mine[0]["metadata"]
     cert = json.loads((base / "runs" / "mn" / "release" / "certificate.json").read_text())
     assert float(meta["dptune_epsilon"]) == pytest.approx(cert["epsilon"], abs=1e-4)
-    assert meta["dptune_delta"] == "1e-05" and meta["dptune_stopping"] == "poisson(mean=3)"
+    assert meta["dptune_delta"] == "1e-05" and meta["dptune_stopping"] == "poisson(mean=2)"
     assert "k" not in {key.lower() for key in meta}
     # the dashboard's job list shows metadata["job_name"] as the Name: which search and its charge
     assert meta["job_name"] == f"dptune search mn: epsilon {cert['epsilon']:.2f}"

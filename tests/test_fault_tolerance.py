@@ -17,14 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dptune import accounting as A
 from dptune.ledger import Ledger
-from tests.conftest import ROOT, free_port, run_cli
+from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli
 
 pytestmark = pytest.mark.ray
 
@@ -33,8 +31,7 @@ EPOCHS = "6"
 
 
 def _seed() -> int:
-    rule = A.stopping_rule("poisson", mean=3.0)
-    return next(s for s in range(10_000) if 2 <= rule.draw_k(np.random.default_rng([s, 0])) <= 3)
+    return digits_seed_with_k(2, 3)
 
 
 def _args(base: Path, name: str, *extra: str) -> list[str]:

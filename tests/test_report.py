@@ -104,7 +104,7 @@ def test_report_is_private_valid_html_with_plots(search_run: tuple[Path, Path, d
         _check_png(base64.b64decode(src.split(",", 1)[1], validate=True))
     # the curator's tables: released config, ε/δ/stopping rule, every trial
     cert = load_certificate(run / "release" / "certificate.json")
-    assert f"{cert.epsilon:.4g}" in text and "poisson(mean=3)" in text and "CURATOR ONLY" in text
+    assert f"{cert.epsilon:.4g}" in text and "poisson(mean=2)" in text and "CURATOR ONLY" in text
     trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()
     assert len(trials) == json.loads((run / "sealed" / "draw.json").read_text())["k"] == 2
     for t in trials:
@@ -118,7 +118,7 @@ def test_stopping_rule_figure_and_known_answers(search_run: tuple[Path, Path, di
     cert = load_certificate(run / "release" / "certificate.json")
     trial, rule, tune_fraction = search_trial_event(cert)
     assert tune_fraction == 1.0
-    assert rule.label() == "poisson(mean=3)"
+    assert rule.label() == "poisson(mean=2)"
     png = _plots.stopping_rule_figure(trial, cert.delta, (1, 2, 3, 10), tmp_path / "rules.png", mark=rule)
     assert (tmp_path / "rules.png").read_bytes() == png
     _check_png(png)

@@ -8,7 +8,6 @@ import re
 import stat
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -16,17 +15,13 @@ import yaml
 from dptune import accounting as A
 from dptune.config import load_space
 from dptune.ledger import Ledger
-from tests.conftest import free_port, run_cli
+from tests.conftest import digits_seed_with_k, free_port, run_cli
 
 SPACE = "search_spaces/digits.yaml"
 
 
-def _seed_with_k(lo: int, hi: int, mean: float = 3.0) -> int:
-    rule = A.stopping_rule("poisson", mean=mean)
-    for s in range(10_000):
-        if lo <= rule.draw_k(np.random.default_rng([s, 0])) <= hi:
-            return s
-    raise AssertionError("no seed found")
+def _seed_with_k(lo: int, hi: int) -> int:
+    return digits_seed_with_k(lo, hi)
 
 
 def _search_args(tmp_path: Path, name: str, *extra: str) -> list[str]:
@@ -80,7 +75,7 @@ def test_tiny_search_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) ->
         sigma = m["noise_std"] / 1.0  # max_grad_norm C = 1 in the digits space
         q = m["mean_batch_size"] / 1257
         assert abs(q - b / 1257) < 6 * math.sqrt(b / 1257 / (1257 * t["steps"]))  # binomial, 6 s.d.
-        assert m["applied_score_noise"] == 6.0
+        assert m["applied_score_noise"] == 9.0
         assert any(p.noise_multiplier <= sigma * 1.05 and p.sampling_rate >= b / 1257 * (1 - 1e-12)
                    and p.steps >= t["steps"] and p.score_noise == m["applied_score_noise"] for p in points), t
 
@@ -117,8 +112,7 @@ def test_tiny_search_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) ->
 
 @pytest.mark.ray
 def test_k_zero_releases_the_default(tmp_path: Path, isolated_env: dict[str, str]) -> None:
-    rule = A.stopping_rule("poisson", mean=3.0)
-    hook = next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == 0)
+    hook = digits_seed_with_k(0, 0)
     env = {**isolated_env, "DPTUNE_TEST_DRAW_SEED": str(hook)}
     args = _search_args(tmp_path, "k0")
     del args[args.index("--name"):args.index("--name") + 2]  # the default name: random, not a start time

@@ -9,7 +9,6 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from dp_accounting import dp_event as de
@@ -22,15 +21,14 @@ from dptune.certificate import load_certificate, verify_binding
 from dptune.config import ConfigError
 from dptune.ledger import Ledger
 from dptune.train import main as train_main
-from tests.conftest import free_port, run_cli
+from tests.conftest import digits_seed_with_k, free_port, run_cli
 
 SPACE = "search_spaces/digits.yaml"
 N_TRAIN, N_VAL = 1257, 180  # digits: 1797 - 360 test - 180 validation
 
 
 def _seed_with_k(k: int) -> int:
-    rule = A.stopping_rule("poisson", mean=3.0)
-    return next(s for s in range(10_000) if rule.draw_k(np.random.default_rng([s, 0])) == k)
+    return digits_seed_with_k(k, k)
 
 
 @pytest.fixture(scope="module")
