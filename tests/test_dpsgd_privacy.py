@@ -183,9 +183,10 @@ def test_trial_accepts_a_dominating_charge(digits: Splits) -> None:
     check_charged(points, noise_multiplier=d.noise_multiplier, sampling_rate=sampling_rate(batch_size=d.batch_size, basis=n),
                   steps=trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=n), score_noise=d.score_noise)
     # the largest batch on half the basis has twice the largest charged q: not charged
+    top = max(space.space["batch_size"].choices)  # type: ignore[attr-defined]
     with pytest.raises(ChargeMismatch):
-        check_charged(points, noise_multiplier=d.noise_multiplier, sampling_rate=sampling_rate(batch_size=256, basis=n / 2),
-                      steps=trial_steps(epochs=d.epochs, batch_size=256, basis=n / 2), score_noise=d.score_noise)
+        check_charged(points, noise_multiplier=d.noise_multiplier, sampling_rate=sampling_rate(batch_size=top, basis=n / 2),
+                      steps=trial_steps(epochs=d.epochs, batch_size=top, basis=n / 2), score_noise=d.score_noise)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -123,8 +123,8 @@ def test_stopping_rule_figure_and_known_answers(search_run: tuple[Path, Path, di
     assert (tmp_path / "rules.png").read_bytes() == png
     _check_png(png)
     table = _plots.stopping_rule_table(trial, cert.delta, (1, 2, 3, 10))
-    # oracles: the certificate's own ε (Poisson, mean 3), and one composed trial is the trial itself
-    assert dict(table["Poisson"])[3.0] == pytest.approx(cert.epsilon, rel=1e-9)
+    # oracles: the certificate's own ε (Poisson, mean 2), and one composed trial is the trial itself
+    assert dict(table["Poisson"])[2.0] == pytest.approx(cert.epsilon, rel=1e-9)
     composed = dict(table["composition (K fixed, every trial charged)"])
     assert composed[1.0] == pytest.approx(epsilon([trial], cert.delta), rel=1e-9)
     assert composed[10.0] > dict(table["Poisson"])[10.0]  # random stopping beats composing 10 trials here
