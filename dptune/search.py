@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-failures", type=int, default=3, help="retries per trial, for infrastructure failures")
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint each N epochs (0: off)")
     p.add_argument("--save-checkpoint", action="store_true", help="release the best trial's model too")
+    p.add_argument("--storage-path", help="Tune checkpoints on storage every node reaches: a shared (NFS) path or a "
+                   "URI such as s3://bucket/dir (curator-only!); default: the run's sealed/ray (one machine)")
     p.add_argument("--resume", action="store_true", help="resume the sealed draw of --name (no new charge)")
     p.add_argument("--new-dataset", action="store_true",
                    help="this dataset is NOT a near-copy of a budgeted one: give it a budget of its own")
@@ -107,6 +109,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError("--budget-epsilon", f"{args.budget_epsilon} must be > 0", "give a total budget, e.g. 8")
     if args.budget_delta is not None and not 0 < args.budget_delta < 1:
         raise ConfigError("--budget-delta", f"{args.budget_delta} is not in (0, 1)", "give e.g. 1e-5")
+    if args.address and (args.checkpoint_every or args.save_checkpoint) and not args.storage_path:
+        flag = "--checkpoint-every" if args.checkpoint_every else "--save-checkpoint"
+        raise ConfigError(flag, "on a Ray cluster, trial checkpoints written to this machine's sealed/ are not "
+                          "reachable from the other nodes (a retried trial or the release would miss them)",
+                          "pass --storage-path with storage every node reaches (NFS path or s3://…), or drop " + flag)
     if args.name is not None and (not args.name or "/" in args.name or args.name.startswith(".")):
         raise ConfigError("--name", f"{args.name!r} is not a plain directory name", "use e.g. digits-1")
     try:
@@ -117,6 +124,15 @@ def _check_args(args: argparse.Namespace) -> None:
         print(f"WARNING: the Ray dashboard will listen on {args.dashboard_host}. The dashboard and its job API are "
               "unauthenticated unless Ray token auth is on: anyone who reaches that address can run code on this "
               "machine. Prefer the default 127.0.0.1 and SSH port forwarding.", file=sys.stderr)
+
+
+def _storage(path: str | None) -> str | None:
+    """A local --storage-path becomes an absolute path created owner-only (it holds per-trial results)."""
+    if path is None or "://" in path and not path.startswith("file://"):
+        return path
+    local = Path(path.removeprefix("file://")).expanduser().resolve()
+    local.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return str(local)
 
 
 def _request(args: argparse.Namespace) -> SearchRequest:
@@ -131,7 +147,8 @@ def _request(args: argparse.Namespace) -> SearchRequest:
     ray = RayOptions(address=args.address, num_cpus=args.num_cpus, cpus_per_trial=args.cpus_per_trial,
                      gpus_per_trial=args.gpus_per_trial, dashboard_host=args.dashboard_host,
                      dashboard_port=args.dashboard_port, max_failures=args.max_failures,
-                     checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint)
+                     checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint,
+                     storage_path=_storage(args.storage_path))
     return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=Path(args.ledger),
                          budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
                          new_dataset=args.new_dataset, resume=args.resume, seed=args.seed,

@@ -157,6 +157,10 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("search", lambda w: ["--space", str(w["bad_default"])], "default.batch_size"),  # not a choice (item 12)
     ("search", lambda w: ["--space", str(w["basis"])], "fixed.sampling_basis"),  # internal (issue item 3)
     ("search", lambda w: ["--space", str(w["seeded"])], "fixed.seed"),  # internal
+    ("search", lambda w: ["--space", str(SPACE), "--address", "127.0.0.1:1", "--checkpoint-every", "1"],
+     "--checkpoint-every"),  # node-local checkpoints on a cluster
+    ("search", lambda w: ["--space", str(SPACE), "--address", "127.0.0.1:1", "--save-checkpoint"],
+     "--save-checkpoint"),
     # ledger
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "0", "--delta", "1e-5"], "--epsilon"),
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "1", "--delta", "2"], "--delta"),

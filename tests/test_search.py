@@ -226,3 +226,18 @@ def test_subsample_tuning(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     rep = run_cli(["-m", "dptune.report", str(run)], isolated_env)
     assert rep.returncode == 0, rep.stderr
     assert "poisson" in (run / "sealed" / "report.html").read_text()
+
+
+@pytest.mark.ray
+def test_storage_path_uri_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """Tune's checkpoints on --storage-path (a file:// URI, as s3:// would be): the release still gets the
+    best trial's model, the sealed record stays with the driver, the storage is owner-only."""
+    store = tmp_path / "shared"
+    r = run_cli(_search_args(tmp_path, "st", "--seed", str(_seed_with_k(1, 2)), "--save-checkpoint",
+                             "--checkpoint-every", "1", "--storage-path", f"file://{store}"), isolated_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = tmp_path / "runs" / "st"
+    assert (run / "release" / "best_checkpoint.pt").is_file()
+    assert (run / "sealed" / "trials.parquet").is_file() and (store / "tune").is_dir()
+    assert not any((run / "sealed" / "ray").iterdir())  # Tune wrote to the storage path, not sealed/ray
+    assert stat.S_IMODE(store.stat().st_mode) == 0o700

@@ -23,6 +23,9 @@ class RayOptions:
     max_failures: int = 3
     checkpoint_every: int = 0
     save_model: bool = False
+    # where Tune keeps trial checkpoints: None = sealed/ray on the driver (single machine); on a multi-node
+    # cluster, storage every node reaches (an NFS path, or a URI pyarrow's filesystems understand: s3://, gs://)
+    storage_path: str | None = None
     job_metadata: dict[str, str] = field(default_factory=dict)
 
 

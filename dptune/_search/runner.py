@@ -122,7 +122,7 @@ class _Heartbeat:
         self._stop.set()
 
 
-def make_tuner(trainable: Any, trials: int, storage: Path, callbacks: list[Callback], max_failures: int,
+def make_tuner(trainable: Any, trials: int, storage: Path | str, callbacks: list[Callback], max_failures: int,
                search_alg: Any = None, scheduler: Any = None) -> tune.Tuner:
     """dptune's Tune settings: all trials in one fit, reused actors (no per-trial process start and
     torch/Opacus import), no per-trial logger files, quiet driver (bench/trial_overhead.py measures this)."""
@@ -134,7 +134,8 @@ def make_tuner(trainable: Any, trials: int, storage: Path, callbacks: list[Callb
         param_space = {"trial_index": tune.grid_search(list(range(trials)))}
         tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True)
     run_config = tune.RunConfig(
-        name="tune", storage_path=str(storage.resolve()), verbose=0, callbacks=callbacks,
+        name="tune", storage_path=storage if isinstance(storage, str) else str(storage.resolve()), verbose=0,
+        callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
@@ -153,11 +154,12 @@ def _sigterm_as_sigint() -> Iterator[None]:
 
 def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _SealedLog, opts: RayOptions,
            resume: bool) -> tune.Tuner:
-    exp_dir = run.ray_dir / "tune"
-    if resume and tune.Tuner.can_restore(str(exp_dir)):  # unpickles: only the sealed dir this search wrote
-        return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    storage: Path | str = opts.storage_path or run.ray_dir
+    exp_dir = f"{str(storage).rstrip('/')}/tune" if isinstance(storage, str) else str(storage / "tune")
+    if resume and tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
+        return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
     alg = searcher(space.searcher).search_alg(space, draw.stream_seed("searcher"))
-    return make_tuner(trainable, draw.k, run.ray_dir, [log], opts.max_failures, alg)
+    return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg)
 
 
 def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions, *,
@@ -184,7 +186,8 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
             f.write(traceback.format_exc())
         raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); the traceback is in "
                            f"{run.sealed / 'logs' / 'driver.log'} (curator only)") from None
-    rows, unfinished = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive)
+    rows, unfinished = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive,
+                             checkpoints=run.sealed / "checkpoints" if opts.save_model else None)
     rows.sort(key=lambda r: r.index)
     if any(r.error.startswith("ChargeMismatch") for r in rows):  # refused before touching data: a dptune bug
         raise SearchFailed("a trial's (q, T, σ, score noise) lay outside the charged points; it refused to run "
@@ -194,7 +197,8 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     return rows
 
 
-def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool) -> tuple[list[TrialRow], int]:
+def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool,
+          checkpoints: Path | None) -> tuple[list[TrialRow], int]:
     rows, unfinished = [], 0
     for i in range(len(grid)):
         res = grid[i]
@@ -208,7 +212,9 @@ def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool) -> tuple[list[
         elif not m.get("final"):
             unfinished += 1  # stopped by an interrupt before its final report
         else:
-            ckpt = res.checkpoint.path if res.checkpoint is not None else None
+            ckpt = None
+            if checkpoints is not None and res.checkpoint is not None:  # from any storage (local, NFS, s3://)
+                ckpt = res.checkpoint.to_directory(str(checkpoints / str(index)))
             rows.append(TrialRow.from_metrics(index, seed, m, 1 + log.recoveries.get(index, 0), ckpt))
     if len(rows) + unfinished < draw.k:
         unfinished += draw.k - len(rows) - unfinished  # never started
