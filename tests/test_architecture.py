@@ -251,3 +251,19 @@ def test_registry_write_check_catches_one(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("from dptune.accounting import _events\n_events._ALLOWED['X'] = object\n")
     assert _writes_to_other_modules(bad) == ["bad.py:2"]
+
+
+def test_functions_and_files_stay_small() -> None:
+    """STYLE: split by responsibility long before a function passes ~60 lines or a file ~400."""
+    too_long = []
+    for path in MODULES:
+        source = path.read_text()
+        rel = str(path.relative_to(PKG))
+        if len(source.splitlines()) > 400:
+            too_long.append(f"{rel}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 60:
+                    too_long.append(f"{rel}:{node.lineno} {node.name}(): {length} lines")
+    assert not too_long, too_long
