@@ -188,7 +188,8 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         "dptune_run": run.root.name, "dptune_space": req.space.name, "dptune_epsilon": eps,
         "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
     with RaySession(opts) as dashboard:
-        say(f"  Ray dashboard: {dashboard or 'see your cluster head'}")
+        say(f"  Ray dashboard: {dashboard or 'see your cluster head'} (Ray token authentication is on: the dashboard "
+            "and its job API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
