@@ -1,14 +1,36 @@
-"""The one-run privacy audit (dptune.audit): the paper's own numbers for the guesses → ε conversion."""
+"""The one-run privacy audit (dptune.audit, bench/audit.py): the paper's own numbers for the guesses → ε
+conversion, and real dptune trials audited at small scale: a broken trainer is caught (lower bound above its
+certificate), the real one stays below."""
 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dptune.audit import audit_epsilon, epsilon_lower_bound, guess_grid, guesses, p_value
+from dptune._params import sampling_rate, trial_steps
+from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
+from dptune.audit import (
+    Canaries,
+    audit_basis,
+    audit_epsilon,
+    draw_canaries,
+    epsilon_lower_bound,
+    guess_grid,
+    guesses,
+    noised_sums,
+    observed_trial,
+    p_value,
+    white_box_scores,
+)
+from dptune.config import DatasetSpec, TrialConfig
+from dptune.data import Splits, load_dataset, poisson_subsample
+from dptune.dpsgd import AuditHooks, init_model
 
+ROOT = Path(__file__).resolve().parent.parent
 DELTA = 1e-5
 
 
@@ -65,3 +87,75 @@ def test_guesses_and_bonferroni() -> None:
     per_k = [epsilon_lower_bound(canaries=2000, guesses=kp + km, correct=guesses(s, inc, k_plus=kp, k_minus=km).correct,
                                  delta=DELTA, confidence=1 - 0.05 / len(grid)) for kp, km in grid]
     assert a.epsilon == max(per_k) and a.tried == len(grid)
+
+
+# --- real dptune trials, audited ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small() -> Splits:
+    return poisson_subsample(load_dataset(DatasetSpec()), 0.2, seed=0)  # ~250 real training images
+
+
+def _setting(data: Splits, m: int, seed: int) -> tuple[TrialConfig, Canaries, float, float, int, float]:
+    config = TrialConfig(batch_size=128, epochs=4.0, learning_rate=0.5, momentum=0.9, clipping="hooks",
+                         score_noise=None, seed=seed)
+    d = sum(p.numel() for p in init_model(config, data).parameters())
+    canaries = draw_canaries(np.random.default_rng(seed), gradient=m, inputs=0, parameters=d,
+                             input_shape=data.input_shape, num_classes=data.num_classes)
+    basis = audit_basis(len(data.train[1]), canaries)
+    q = sampling_rate(batch_size=config.batch_size, basis=basis)
+    steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=basis)
+    sigma = calibrate_noise_multiplier([], sampling_rate=q, steps=steps, delta=DELTA, target_epsilon=2.0)
+    certified = epsilon([trial_event(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=None)], DELTA)
+    return config.replace(noise_multiplier=sigma), canaries, sigma, q, steps, certified
+
+
+def test_white_box_audit_catches_a_broken_trainer_and_clears_the_real_one(small: Splits) -> None:
+    """The CI audit: 400 Dirac canaries, ONE run each of dptune's trainer and of two broken trainers that
+    claim the same ε ≈ 2 certificate; only the broken ones are above it (measured: 0.12 vs 3.08 and 3.08)."""
+    config, canaries, sigma, q, steps, certified = _setting(small, m=400, seed=20240)
+    assert 1.9 < certified <= 2.0
+    point = TrialPoint(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=None)
+    bounds: dict[str | None, float] = {}
+    for bug in (None, "noise_x0.1", "no_clip"):
+        obs = observed_trial(config, small, canaries, bug=bug, charged_points=[point])
+        assert obs.result.steps == steps
+        scores = white_box_scores(obs, noise_multiplier=sigma, sampling_rate=q)
+        bounds[bug] = audit_epsilon(scores, canaries.gradient_in, ks=guess_grid(400), delta=DELTA).epsilon
+    assert bounds[None] < certified, bounds
+    assert bounds["noise_x0.1"] > certified, bounds
+    assert bounds["no_clip"] > certified, bounds
+
+
+def test_canaries_are_sampled_clipped_and_observed(small: Splits) -> None:
+    """With no real data and almost no noise, the steps recovered from consecutive models hold exactly one
+    clipped canary gradient (C, not 10·C) per sampled included canary and nothing for excluded ones; the
+    rate of sampled canaries is q. Without clipping the same step holds 10·C."""
+    empty = Splits((small.train[0][:0], small.train[1][:0]), small.val, small.test, small.num_classes,
+                   small.input_shape)
+    config, canaries, _, q, steps, _ = _setting(empty, m=400, seed=7)
+    config = config.replace(noise_multiplier=1e-6)
+    for bug, size in ((None, 1.0), ("no_clip", 10.0)):
+        x = noised_sums(observed_trial(config, empty, canaries, bug=bug))
+        inc = canaries.gradient_in
+        assert x.shape == (steps, 400)
+        assert np.abs(x[:, ~inc]).max() < 1e-3
+        hits = np.round(x[:, inc] / size)
+        assert np.abs(x[:, inc] - size * hits).max() < 1e-3 * size and set(np.unique(hits)) <= {0.0, 1.0}
+        assert abs(hits.mean() - q) < 4 * math.sqrt(q * (1 - q) / hits.size)
+
+
+def test_audit_hooks_are_reachable_only_from_an_audit() -> None:
+    """No search, release, final training or CLI can switch on the audit hooks (and with them the deliberate
+    bugs): only dptune/dpsgd (which defines them), dptune/audit, bench/audit.py and this test name them."""
+    allowed = {"dptune/dpsgd", "dptune/audit", "bench/audit.py", "tests/test_audit.py"}
+    offenders = []
+    for path in [*ROOT.glob("dptune/**/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("tests/*.py")]:
+        rel = str(path.relative_to(ROOT))
+        if any(rel == a or rel.startswith(a + "/") for a in allowed):
+            continue
+        if re.search(r"AuditHooks|_audit\s*=|apply_bug|noise_x0\.1|no_clip", path.read_text()):
+            offenders.append(rel)
+    assert not offenders
+    with pytest.raises(ValueError, match="unknown audit bug"):
+        AuditHooks(bug="noise_x0.5")
