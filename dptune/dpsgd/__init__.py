@@ -6,9 +6,11 @@ too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical step
 Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),
 ``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
-non-finite examples dropped), ``_charge`` (a trial refuses what was not charged).
+non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_audit`` (audit-only hooks:
+gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit`` uses them).
 """
 
+from dptune.dpsgd._audit import BUGS, AuditHooks
 from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import padded_size
@@ -19,6 +21,8 @@ from dptune.dpsgd._trial import TrialResult, init_model, run_trial
 
 __all__ = [
     "AUTO_CLIPPING",
+    "BUGS",
+    "AuditHooks",
     "ChargeMismatch",
     "Engine",
     "ScoreRelease",

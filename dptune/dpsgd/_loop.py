@@ -50,16 +50,22 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
     named = run.named_params
     loss_sum, seen = 0.0, 0
     for idx in batches:
-        if len(idx) == 0:
+        rows, canaries = (idx, None) if run.audit is None else run.audit.split(idx)  # audit-only split
+        if len(rows) == 0:
             run.engine.empty()
         else:
-            loss_sum += float(_backward(run, x_train, y_train, idx, sched.views, device))  # curator-side log
-            seen += len(idx)
+            loss_sum += float(_backward(run, x_train, y_train, rows, sched.views, device))  # curator-side log
+        if canaries is not None:
+            assert run.audit is not None
+            run.audit.add_canary_gradients(run.engine, canaries)
+        seen += len(idx)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if opt._is_last_step_skipped:
             continue
         st.steps += 1
+        if run.audit is not None and run.audit.on_step is not None:
+            run.audit.on_step(run.model)
         if run.ema is not None:
             assert sched.ema_decay is not None
             for k, p in named:

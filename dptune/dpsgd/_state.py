@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._audit import AuditHooks
 from dptune.dpsgd._engines import Engine
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._streams import TrialStreams
@@ -41,6 +42,7 @@ class TrialRun:
     ema: dict[str, torch.Tensor] | None
     meter: NoiseMeter
     state: TrialState = field(default_factory=TrialState)
+    audit: AuditHooks | None = None  # audit-only (dptune.audit); None in every search and final training
 
     @property
     def named_params(self) -> list[tuple[str, nn.Parameter]]:

@@ -15,6 +15,7 @@ from torch import nn
 from dptune._params import sampling_rate, trial_steps
 from dptune.config import TrialConfig
 from dptune.data import Splits
+from dptune.dpsgd._audit import AuditHooks, apply_bug
 from dptune.dpsgd._charge import check_charged
 from dptune.dpsgd._engines import engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import Schedule, train_epoch
@@ -87,6 +88,7 @@ def run_trial(
     return_model: bool = False,
     sampling_basis: float | None = None,
     charged_points: Iterable[Any] | None = None,
+    _audit: AuditHooks | None = None,
 ) -> TrialResult:
     """Train one DP-SGD trial and release its (noised) validation score; resumes from checkpoint_path.
 
@@ -94,7 +96,8 @@ def run_trial(
     never on the realised |X₁| (default: the training split's size). ``charged_points``: the worst-case
     points the accountant charged (objects with .noise_multiplier .sampling_rate .steps .score_noise, e.g.
     ``dptune.accounting.TrialPoint``); the trial raises :class:`ChargeMismatch` before touching the data
-    unless one covers it."""
+    unless one covers it. ``_audit``: audit-only hooks (``dptune.audit``; see ``_audit.py``), never passed by a
+    search, a final training or a CLI."""
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
     n = len(data.train[1])
@@ -104,7 +107,7 @@ def run_trial(
         check_charged(charged_points, noise_multiplier=config.noise_multiplier, sampling_rate=sched.sampling_rate,
                       steps=sched.steps, score_noise=config.score_noise)
     identity = trial_identity(config, n, basis)
-    run = _start(config, data, sched, dev)
+    run = _start(config, data, sched, dev, _audit)
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         restore_checkpoint(Path(checkpoint_path), run, identity, dev)
     resumed_seconds = run.state.seconds
@@ -120,16 +123,19 @@ def run_trial(
                    resumed_seconds + time.perf_counter() - t0)
 
 
-def _start(config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device) -> TrialRun:
+def _start(config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device,
+           audit: AuditHooks | None = None) -> TrialRun:
     streams = TrialStreams.from_entropy(config.seed, dev)
     model = init_model(config, data, streams).to(dev)
     model.train()
     meter = NoiseMeter()
     engine = make_engine(sched.clipping_mode, model, config, streams.noise, meter=meter)
+    if audit is not None:
+        apply_bug(engine, audit.bug)  # audit-only: a deliberately broken trainer when an audit asks for one
     ema = None
     if config.ema_decay is not None:
         ema = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
-    return TrialRun(model, engine, streams, ema, meter)
+    return TrialRun(model, engine, streams, ema, meter, audit=audit)
 
 
 def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device,

@@ -1,0 +1,56 @@
+"""Empirical privacy audits of dptune: a developer tool (``bench/audit.py``, ``tests/test_audit.py``); no search,
+release or CLI uses it.
+
+Steinke, Nasr & Jagielski's one-run audit (NeurIPS 2023): m canaries, each included with probability 1/2, one
+real dptune training run (``dptune.dpsgd.run_trial`` with its audit-only hooks), a score per canary, guesses on
+the highest and lowest scores, and the number of correct guesses turned into an ε lower bound at 95 %
+confidence. A lower bound above a certificate's ε means the trainer does not do what its certificate claims.
+
+Modules: ``_bound`` (guesses → ε lower bound, pure math), ``_canaries`` (canaries and the audited training
+split), ``_observe`` (audited trials and searches, what each threat model sees, canary scores).
+"""
+
+from dptune.audit._bound import (
+    Audit,
+    Guesses,
+    audit_epsilon,
+    epsilon_lower_bound,
+    guess_grid,
+    guesses,
+    p_value,
+)
+from dptune.audit._canaries import Canaries, audit_basis, audit_splits, draw_canaries
+from dptune.audit._observe import (
+    CANARY_GRADIENT,
+    Observation,
+    SearchObservation,
+    black_box_scores,
+    ideal_white_box_scores,
+    noised_sums,
+    observed_search,
+    observed_trial,
+    white_box_scores,
+)
+
+__all__ = [
+    "CANARY_GRADIENT",
+    "Audit",
+    "Canaries",
+    "Guesses",
+    "Observation",
+    "SearchObservation",
+    "audit_basis",
+    "audit_epsilon",
+    "audit_splits",
+    "black_box_scores",
+    "draw_canaries",
+    "epsilon_lower_bound",
+    "guess_grid",
+    "guesses",
+    "ideal_white_box_scores",
+    "noised_sums",
+    "observed_search",
+    "observed_trial",
+    "p_value",
+    "white_box_scores",
+]
