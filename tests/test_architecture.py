@@ -34,6 +34,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "models/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.data", "dptune._search"),
     "data/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.models", "dptune._search"),
     "_search/": (),
+    "audit/": ("ray", "opacus", "dptune._search", *CLIS),  # a developer tool over the trainer and accountant
     "plan.py": ("torch", "ray", "opacus"),
     "report.py": ("torch", "ray", "opacus"),
     "_plots.py": ("torch", "ray", "opacus", "dptune.ledger", "dptune.certificate"),
