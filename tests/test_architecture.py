@@ -34,7 +34,8 @@ RULES: dict[str, tuple[str, ...]] = {
     "models/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.data", "dptune._search"),
     "data/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.models", "dptune._search"),
     "_search/": (),
-    "audit/": ("ray", "opacus", "dptune._search", *CLIS),  # a developer tool over the trainer and accountant
+    "audit/": ("ray", "opacus", "dptune._search.runner", "dptune._search.raysession", "dptune._search.trainable",
+               *CLIS),  # a developer tool over the trainer, the sealed draw and the accountant; no Ray
     "plan.py": ("torch", "ray", "opacus"),
     "report.py": ("torch", "ray", "opacus"),
     "_plots.py": ("torch", "ray", "opacus", "dptune.ledger", "dptune.certificate"),
