@@ -187,6 +187,7 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         **req.ray.job_metadata, "job_name": f"dptune search {run.root.name}: epsilon {p.plan.search_epsilon:.2f}",
         "dptune_run": run.root.name, "dptune_space": req.space.name, "dptune_epsilon": eps,
         "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
+    opts = dataclasses.replace(opts, py_modules=user_modules(req.space.fixed.model))
     with RaySession(opts) as dashboard:
         say(f"  Ray dashboard: {dashboard or 'see your cluster head'} (Ray token authentication is on: the dashboard "
             "and its job API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
@@ -195,6 +196,22 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
                                  charged_points=p.plan.points)
     return rows, dashboard
+
+
+def user_modules(model: str) -> tuple[str, ...]:
+    """The directory (package) or file (module) of a ``factory:<package.module>:<function>`` model, for
+    Ray's runtime_env: workers on other nodes import the user's code from there, not from this machine."""
+    if not model.startswith("factory:"):
+        return ()
+    import importlib.util
+
+    top = model.removeprefix("factory:").split(":")[0].split(".")[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        raise ConfigError("model.factory", f"module {top!r} cannot be imported here",
+                          "put it on PYTHONPATH (or install it) on the machine that starts the search")
+    origin = Path(spec.origin)
+    return (str(origin.parent if origin.name == "__init__.py" else origin),)
 
 
 def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> SearchOutcome:

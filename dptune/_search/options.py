@@ -26,6 +26,9 @@ class RayOptions:
     # where Tune keeps trial checkpoints: None = sealed/ray on the driver (single machine); on a multi-node
     # cluster, storage every node reaches (an NFS path, or a URI pyarrow's filesystems understand: s3://, gs://)
     storage_path: str | None = None
+    # the user's own code every Ray worker must import (a model factory's top-level package or module),
+    # shipped with Ray's runtime_env py_modules
+    py_modules: tuple[str, ...] = ()
     job_metadata: dict[str, str] = field(default_factory=dict)
 
 

@@ -25,7 +25,8 @@ class RaySession:
 
     def __enter__(self) -> str | None:
         opts = self.opts
-        job_config = ray.job_config.JobConfig(metadata=opts.job_metadata)
+        runtime_env = {"py_modules": list(opts.py_modules)} if opts.py_modules else None
+        job_config = ray.job_config.JobConfig(metadata=opts.job_metadata, runtime_env=runtime_env)
         check_token_file(create=not opts.address)
         if opts.address:
             ctx = ray.init(address=opts.address, log_to_driver=False, job_config=job_config,
