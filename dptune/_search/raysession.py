@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -13,6 +14,21 @@ import ray
 from dptune._search.options import RayOptions, check_token_file
 
 __all__ = ["RaySession"]
+
+
+def _runtime_env(paths: tuple[str, ...]) -> dict[str, Any] | None:
+    """Ray ships package directories as py_modules; a single-file module goes in a working_dir of its own
+    (py_modules takes directories and wheels only)."""
+    if not paths:
+        return None
+    env: dict[str, Any] = {"py_modules": [p for p in paths if Path(p).is_dir()]}
+    files = [p for p in paths if not Path(p).is_dir()]
+    if files:
+        folder = Path(tempfile.mkdtemp(prefix="dptune-code-"))
+        for f in files:
+            shutil.copy(f, folder / Path(f).name)
+        env["working_dir"] = str(folder)
+    return {k: v for k, v in env.items() if v}
 
 
 class RaySession:
@@ -25,7 +41,7 @@ class RaySession:
 
     def __enter__(self) -> str | None:
         opts = self.opts
-        runtime_env = {"py_modules": list(opts.py_modules)} if opts.py_modules else None
+        runtime_env = _runtime_env(opts.py_modules)
         job_config = ray.job_config.JobConfig(metadata=opts.job_metadata, runtime_env=runtime_env)
         check_token_file(create=not opts.address)
         if opts.address:
