@@ -6,7 +6,8 @@ too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical step
 Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),
 ``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
-non-finite examples dropped), ``_charge`` (a trial refuses what was not charged).
+non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
+checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step).
 """
 
 from dptune.dpsgd._charge import ChargeMismatch
@@ -16,6 +17,7 @@ from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import load_model, save_model
 from dptune.dpsgd._streams import TrialStreams
 from dptune.dpsgd._trial import TrialResult, init_model, run_trial
+from dptune.dpsgd._validate import validate_model
 
 __all__ = [
     "AUTO_CLIPPING",
@@ -32,4 +34,5 @@ __all__ = [
     "resolve_clipping",
     "run_trial",
     "save_model",
+    "validate_model",
 ]
