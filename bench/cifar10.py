@@ -64,19 +64,19 @@ def write_synthetic_cifar(folder: Path, per_batch: int = SMOKE_PER_BATCH, n_test
     rng = np.random.default_rng(seed)
     palette = rng.integers(40, 216, (10, 3))
 
-    def batch(n: int, name: str) -> dict[bytes, Any]:
+    def batch(n: int, name: str) -> dict[str, Any]:
         labels = rng.integers(0, 10, n)
         base = np.repeat(palette[labels], 1024, axis=1)  # (n, 3*1024): R plane, G plane, B plane
         data = np.clip(base + rng.normal(0, 40, base.shape), 0, 255).astype(np.uint8)
-        return {b"batch_label": name.encode(), b"labels": [int(v) for v in labels], b"data": data,
-                b"filenames": [f"{name}_{i}.png".encode() for i in range(n)]}
+        return {"batch_label": name, "labels": [int(v) for v in labels], "data": data,
+                "filenames": [f"{name}_{i}.png" for i in range(n)]}
 
+    # string keys, as torchvision reads the original Python 2 pickles (encoding="latin1")
     for i in range(1, 6):
-        (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch(per_batch, f"data_batch_{i}")))
-    (folder / "test_batch").write_bytes(pickle.dumps(batch(n_test, "test_batch")))
-    meta = {b"label_names": [f"class{i}".encode() for i in range(10)], b"num_cases_per_batch": per_batch,
-            b"num_vis": 3072}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
+        (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch(per_batch, f"data_batch_{i}"), protocol=2))
+    (folder / "test_batch").write_bytes(pickle.dumps(batch(n_test, "test_batch"), protocol=2))
+    meta = {"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": per_batch, "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return folder
 
 

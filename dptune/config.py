@@ -6,6 +6,7 @@ into exit status 2 before anything is charged or run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -16,24 +17,14 @@ from typing import Any
 import optuna.distributions as od
 import yaml
 
+from dptune import _specs
 from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
 from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
 
-__all__ = [
-    "ConfigError",
-    "DatasetSpec",
-    "PrivacySpec",
-    "SearchSpace",
-    "TrialConfig",
-    "load_space",
-    "nominal_train_size",
-    "parse_space",
-    "support_extremes",
-    "support_values",
-]
+__all__ = ["ConfigError", "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "load_space",
+           "nominal_train_size", "parse_space", "support_extremes", "support_values"]
 
-MODELS = ("gn_cnn", "resnet9", "wrn16_4")
-DATASETS = ("digits", "cifar10", "imagefolder")
+MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
 CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost")
 ACCOUNTING_MODES = ("random_stopping", "composed")
@@ -77,8 +68,11 @@ class TrialConfig:
     # enumerated to strip the Gaussian noise off a released score.
     seed: int = 0
     fix_batchnorm: bool = False
+    # keyword arguments of the model's constructor or factory (YAML data only; see dptune._specs)
+    model_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "model_kwargs", copy.deepcopy(self.model_kwargs))  # a frozen config owns it
         _check_trial(self)
 
     def replace(self, **changes: Any) -> TrialConfig:
@@ -131,6 +125,14 @@ def coerce_value(name: str, value: Any, type_: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(name, f"{value!r} is not a string", "give a name")
         return value
+    if t.startswith("dict"):
+        if not isinstance(value, Mapping):
+            raise ConfigError(name, f"{value!r} is not a mapping", "write {key: value, ...}")
+        return dict(value)
+    if t.startswith("list"):
+        if not isinstance(value, list):
+            raise ConfigError(name, f"{value!r} is not a list", "write [value, ...]")
+        return list(value)
     return value
 
 
@@ -139,8 +141,8 @@ def _positive(name: str, value: float, fix: str) -> None:
 
 
 def _check_trial(c: TrialConfig) -> None:
-    if c.model not in MODELS:
-        raise ConfigError("model", f"unknown model {c.model!r}", f"use one of: {', '.join(MODELS)}")
+    _specs.check_model(c.model)
+    _specs.check_model_kwargs(c.model_kwargs)
     if c.optimizer not in OPTIMIZERS:
         raise ConfigError("optimizer", f"unknown optimizer {c.optimizer!r}", f"use one of: {', '.join(OPTIMIZERS)}")
     if c.clipping not in CLIPPING_MODES:
@@ -182,6 +184,15 @@ class DatasetSpec:
     test_size: int = 360
     public_validation: bool = False
     split_seed: int = 0
+    split: str = "official"  # torchvision datasets: official | train | test (see dptune._specs)
+    download: bool = False  # torchvision datasets: download into `path` if absent (never in tests)
+    label: str | None = None  # table: the label column
+    features: dict[str, list[float]] | None = None  # table: column -> [low, high], public bounds
+    classes: list[str | int] | None = None  # table: declared label values in class order (optional)
+
+    def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
+        object.__setattr__(self, "features", _specs.check_dataset_fields(self.name, self.split, self.label,
+                                                                         self.features, self.classes))
 
 
 @dataclass(frozen=True)
@@ -256,6 +267,9 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
                              for k, v in privacy_raw.items()})
     check_privacy(privacy, public_validation=dataset.public_validation)
     fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.score_noise)
+    if dataset.name == "table" and (fixed.augmult or "augmult" in space):
+        raise ConfigError("space.augmult" if "augmult" in space else "fixed.augmult", "augmentation (crops, flips) "
+                          "applies to images, not to table rows", "remove augmult (or set 0) for a table")
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, **_parse_search(raw))
     check_adaptive(space_obj)
@@ -270,10 +284,12 @@ def _parse_dataset(raw: Mapping[str, Any]) -> DatasetSpec:
     ds = _section(raw, "dataset", tuple(f.name for f in dataclasses.fields(DatasetSpec)))
     dataset = DatasetSpec(**{k: coerce_value(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
                              for k, v in ds.items()})
-    if dataset.name not in DATASETS:
-        raise ConfigError("dataset.name", f"unknown dataset {dataset.name!r}", f"use one of: {', '.join(DATASETS)}")
+    if dataset.name not in _specs.DATASETS:
+        raise ConfigError("dataset.name", f"unknown dataset {dataset.name!r}",
+                          f"use one of: {', '.join(_specs.DATASETS)}")
     if dataset.name != "digits" and not dataset.path:
-        raise ConfigError("dataset.path", f"dataset {dataset.name!r} needs a path", "set dataset.path to its folder")
+        raise ConfigError("dataset.path", f"dataset {dataset.name!r} needs a path",
+                          "set dataset.path to its folder (a table: its .parquet or .csv file)")
     for k in ("validation_size", "test_size"):
         if getattr(dataset, k) < 1:
             raise ConfigError(f"dataset.{k}", "must be >= 1", "choose a positive number of examples")
@@ -284,7 +300,7 @@ def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
                   ) -> tuple[TrialConfig, dict[str, od.BaseDistribution]]:
     """The fixed settings with the searched keys at their default values (released when K = 0), and the
     searched distributions."""
-    model_raw = _section(raw, "model", ("name", "scale_norm", "fix_batchnorm"))
+    model_raw = _section(raw, "model", _specs.MODEL_KEYS)
     for key in INTERNAL_FIELDS:
         for section in ("fixed", "default"):
             if isinstance(raw.get(section), Mapping) and key in raw[section]:
@@ -294,9 +310,11 @@ def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
     if "score_noise" in fixed_raw:
         raise ConfigError("fixed.score_noise", "score noise is a privacy setting", "set privacy.score_noise")
     base: dict[str, Any] = dict(fixed_raw)
-    if "name" in model_raw:
-        base["model"] = model_raw["name"]
-    base.update({k: model_raw[k] for k in ("scale_norm", "fix_batchnorm") if k in model_raw})
+    from_model = _specs.model_from_section(model_raw)
+    both = sorted(set(from_model) & set(fixed_raw))
+    if both:
+        raise ConfigError(f"fixed.{both[0]}", "is set in the model section too", "set it in one place")
+    base.update(from_model)
     base["score_noise"] = score_noise
     space = {k: parse_distribution(f"space.{k}", v) for k, v in _section(raw, "space", SEARCHABLE).items()}
     overlap = sorted(set(space) & set(fixed_raw))
@@ -329,9 +347,14 @@ def _parse_search(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def nominal_train_size(spec: DatasetSpec) -> int | None:
-    """Training-split size known without reading the data (digits: 1797 images; CIFAR-10: 50,000)."""
-    total = {"digits": 1797 - spec.test_size, "cifar10": 50000}.get(spec.name)
-    return None if total is None else total - spec.validation_size
+    """Training-split size known without reading the data: the pool (digits: 1797 images; the official
+    splits of the torchvision datasets, e.g. MNIST's test split: 10,000) less the held-out splits (the
+    test split is held out of the pool unless it is the official one). None for imagefolder and tables."""
+    pool = _specs.nominal_pool_size(spec.name, spec.split)
+    if pool is None:
+        return None
+    official_test = spec.name != "digits" and spec.split == "official"
+    return pool - spec.validation_size - (0 if official_test else spec.test_size)
 
 
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:

@@ -61,7 +61,33 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     unknown.write_text(SPACE.read_text() + "\ncolour: blue\n")
     other = base / "other-ledger.sqlite"
     Ledger(other)
-    yield {**out, "unknown": unknown, "other_ledger": other}
+    yield {**out, **_model_and_table_variants(base, raw), "unknown": unknown, "other_ledger": other}
+
+
+def _model_and_table_variants(base: Path, raw: dict[str, Any]) -> dict[str, Path]:
+    """Spaces whose model or table is refused only once the data is read (search, before the ledger reserves):
+    a BatchNorm model, a factory that does not import, and one bad table per kind, from one CSV file."""
+    table = base / "table.csv"
+    table.write_text("x,w,s,y\n" + "".join(f"{'' if i == 3 else i / 10},{i / 20},{'ab'[i % 2]},{i % 2}\n"
+                                           for i in range(20)))
+    variants: dict[str, dict[str, Any]] = {
+        "bn_model": {"model": {"torchvision": "resnet18"}},
+        "no_factory": {"model": {"factory": "dptune_no_such_module:make"}},
+        "tbl_missing": {"features": {"x": [0, 2]}}, "tbl_no_label": {"label": "nope"},
+        "tbl_text": {"features": {"s": [0, 1]}}, "tbl_no_column": {"features": {"zz": [0, 1]}},
+    }
+    out = {}
+    for name, change in variants.items():
+        variant = yaml.safe_load(yaml.safe_dump(raw))
+        if name.startswith("tbl_"):
+            variant["dataset"] = {"name": "table", "path": str(table), "label": "y", "features": {"w": [0, 1]},
+                                  "validation_size": 2, "test_size": 2, **change}
+            variant["model"] = {"name": "mlp"}
+        else:
+            variant.update(change)
+        out[name] = base / f"{name}.yaml"
+        out[name].write_text(yaml.safe_dump(variant))
+    return out
 
 
 def _release_variant(world: dict[str, Path], name: str, edit: Callable[[Path], None]) -> str:
@@ -161,6 +187,13 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
      "--checkpoint-every"),  # node-local checkpoints on a cluster
     ("search", lambda w: ["--space", str(SPACE), "--address", "127.0.0.1:1", "--save-checkpoint"],
      "--save-checkpoint"),
+    # models and tables refused once the data is read, before the ledger reserves
+    ("search", lambda w: ["--space", str(w["bn_model"])], "model: bn1 is BatchNorm"),
+    ("search", lambda w: ["--space", str(w["no_factory"])], "model.factory"),
+    ("search", lambda w: ["--space", str(w["tbl_missing"])], "dataset.features.x"),  # a missing value
+    ("search", lambda w: ["--space", str(w["tbl_no_label"])], "dataset.label"),  # no such label column
+    ("search", lambda w: ["--space", str(w["tbl_text"])], "dataset.features.s"),  # not numeric
+    ("search", lambda w: ["--space", str(w["tbl_no_column"])], "dataset.features.zz"),  # no such column
     # ledger
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "0", "--delta", "1e-5"], "--epsilon"),
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "1", "--delta", "2"], "--delta"),

@@ -61,7 +61,7 @@ def test_smoke_run_prints_every_field(tmp_path: Path) -> None:
 def test_synthetic_folder_is_real_cifar_format(tmp_path: Path) -> None:
     folder = _bench().write_synthetic_cifar(tmp_path / "cifar-10-batches-py", per_batch=8, n_test=6)
     raw = pickle.loads((folder / "data_batch_3").read_bytes())
-    assert raw[b"data"].shape == (8, 3072) and raw[b"data"].dtype.name == "uint8" and len(raw[b"labels"]) == 8
+    assert raw["data"].shape == (8, 3072) and raw["data"].dtype.name == "uint8" and len(raw["labels"]) == 8
     s = load_dataset(DatasetSpec(name="cifar10", path=str(tmp_path), validation_size=4))
     assert (len(s.train[1]), len(s.val[1]), len(s.test[1])) == (36, 4, 6)
     assert s.input_shape == (3, 32, 32) and s.num_classes == 10

@@ -1,4 +1,5 @@
-"""Datasets: digits splits, CIFAR-10 python batches and ImageFolder written here in the real formats."""
+"""Datasets: digits splits, CIFAR-10 python batches (read by torchvision) and ImageFolder written here in the
+real formats. The other torchvision datasets and tables: tests/test_data_formats.py."""
 
 from __future__ import annotations
 
@@ -49,11 +50,11 @@ def _write_cifar(folder: Path, per_batch: int = 20) -> None:
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 b"labels": [int(v) for v in rng.integers(0, 10, per_batch)], b"batch_label": name.encode()}
-        (folder / name).write_bytes(pickle.dumps(batch))
-    meta = {b"label_names": [f"c{i}".encode() for i in range(10)], b"num_vis": 3072}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
+        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 "labels": [int(v) for v in rng.integers(0, 10, per_batch)], "batch_label": name}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))  # string keys, as torchvision reads them
+    meta = {"label_names": [f"c{i}" for i in range(10)], "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
 
 
 @pytest.mark.parametrize("nested", [True, False])
@@ -64,9 +65,9 @@ def test_cifar10_reads_python_batches(tmp_path: Path, nested: bool) -> None:
     assert (len(s.train[1]), len(s.val[1]), len(s.test[1])) == (90, 10, 20)
     assert s.input_shape == (3, 32, 32) and s.num_classes == 10
     raw = pickle.loads((folder / "test_batch").read_bytes())
-    pixel = raw[b"data"][0, 0] / 255.0  # first red pixel of the first test image, public CIFAR constants
+    pixel = raw["data"][0, 0] / 255.0  # first red pixel of the first test image, public CIFAR constants
     assert float(s.test[0][0, 0, 0, 0]) == pytest.approx((pixel - 0.4914) / 0.2470, abs=1e-5)
-    assert s.test[1].tolist() == raw[b"labels"]
+    assert s.test[1].tolist() == raw["labels"]
 
 
 def test_cifar10_missing_files(tmp_path: Path) -> None:

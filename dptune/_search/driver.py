@@ -88,11 +88,23 @@ def _prepare(req: SearchRequest) -> _Prepared:
     from dptune.data import load_dataset
 
     data = load_dataset(req.space.dataset)
+    _validate_models(req.space, data)
     n_train = int(len(data.train[1]))
     # δ ≥ 1/n admits publishing one random example in the clear (n: the smaller, training split)
     check_delta("privacy.delta", req.space.privacy.delta, n_train)
     plan = plan_search(req.space, n_train, compare=False)
     return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space))
+
+
+def _validate_models(space: SearchSpace, data: Any) -> None:
+    """Every model the space can build (one per searched ``groups``) passes ``dpsgd.validate_model``: a bad
+    model is exit 2 before anything is charged, not a crashed trial inside a charged search."""
+    from dptune.config import support_values
+    from dptune.dpsgd import validate_model
+
+    groups = support_values(space.space["groups"]) if "groups" in space.space else [space.fixed.groups]
+    for g in sorted(set(groups)):
+        validate_model(space.fixed.replace(groups=g), data.num_classes, data.input_shape)
 
 
 def _budget_key(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> str:

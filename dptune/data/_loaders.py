@@ -1,9 +1,9 @@
-"""Readers for the three dataset kinds. Normalisation constants are fixed public values, never
-statistics of the (private) data."""
+"""Digits (embedded) and ImageFolder, and the helpers every reader shares. Normalisation constants are
+fixed public values, never statistics of the (private) data. torchvision's datasets: ``_vision``; tables:
+``_table``."""
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,13 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 IMAGE_SIZE = 32
 
 
-def _normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+def normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return (x - m) / s
 
 
-def _take(x: torch.Tensor, y: torch.Tensor, idx: np.ndarray) -> Pair:
+def take(x: torch.Tensor, y: torch.Tensor, idx: np.ndarray) -> Pair:
     i = torch.from_numpy(idx)
     return x[i], y[i]
 
@@ -36,14 +36,14 @@ def load_digits(spec: DatasetSpec) -> Splits:
 
     d = sk_digits()
     x = torch.from_numpy(np.asarray(d.images, dtype=np.float32) / 16.0).unsqueeze(1)
-    x = _normalise(x, (0.5,), (0.5,))
+    x = normalise(x, (0.5,), (0.5,))
     y = torch.from_numpy(np.asarray(d.target, dtype=np.int64))
     test, val, train = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed,
                                      "dataset.test_size")
-    return make_splits(_take(x, y, train), _take(x, y, val), _take(x, y, test), 10)
+    return make_splits(take(x, y, train), take(x, y, val), take(x, y, test), 10)
 
 
-def _existing_dir(spec: DatasetSpec) -> Path:
+def existing_dir(spec: DatasetSpec) -> Path:
     if not spec.path:
         raise ConfigError("dataset.path", f"dataset {spec.name!r} needs a path", "set dataset.path to its folder")
     p = Path(spec.path).expanduser()
@@ -51,46 +51,6 @@ def _existing_dir(spec: DatasetSpec) -> Path:
         raise ConfigError("dataset.path", f"{str(p)!r} is not an existing folder",
                           "point dataset.path at the dataset's folder")
     return p
-
-
-def _unpickle(path: Path) -> dict[Any, Any]:
-    with path.open("rb") as f:
-        data = pickle.load(f, encoding="bytes")
-    if not isinstance(data, dict):
-        raise ConfigError("dataset.path", f"{path} is not a CIFAR-10 python batch", "use cifar-10-python.tar.gz")
-    return data
-
-
-def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    d = _unpickle(path)
-    x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-    y = np.asarray(d[b"labels"], dtype=np.int64)
-    return x, y
-
-
-def load_cifar10(spec: DatasetSpec) -> Splits:
-    """The standard python batches; validation is a deterministic subset of the training batches,
-    test is the official test batch."""
-    root = _existing_dir(spec)
-    folder = root / "cifar-10-batches-py" if (root / "cifar-10-batches-py").is_dir() else root
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
-    missing = [n for n in names if not (folder / n).is_file()]
-    if missing:
-        raise ConfigError("dataset.path", f"{str(folder)!r} lacks {', '.join(missing)}",
-                          "extract cifar-10-python.tar.gz there (folder cifar-10-batches-py)")
-    classes = len(_unpickle(folder / "batches.meta")[b"label_names"])
-    parts = [_cifar_batch(folder / f"data_batch_{i}") for i in range(1, 6)]
-    xs = np.concatenate([p[0] for p in parts])
-    ys = np.concatenate([p[1] for p in parts])
-    x_test, y_test = _cifar_batch(folder / "test_batch")
-
-    def to_tensor(a: np.ndarray) -> torch.Tensor:
-        return _normalise(torch.from_numpy(a).float().div_(255.0), CIFAR10_MEAN, CIFAR10_STD)
-
-    x, y = to_tensor(xs), torch.from_numpy(ys)
-    val, train = split_indices(len(y), (spec.validation_size,), spec.split_seed, "dataset.validation_size")
-    return make_splits(_take(x, y, train), _take(x, y, val),
-                       (to_tensor(x_test), torch.from_numpy(y_test)), classes)
 
 
 def _read_folder(folder: Path, classes: list[str]) -> Pair:
@@ -106,7 +66,7 @@ def _read_folder(folder: Path, classes: list[str]) -> Pair:
         ys.append(index[ds.classes[label]])
     if not xs:
         raise ConfigError("dataset.path", f"{str(folder)!r} holds no images", "add images under <class>/ folders")
-    return _normalise(torch.stack(xs), (0.5,) * 3, (0.5,) * 3), torch.tensor(ys, dtype=torch.int64)
+    return normalise(torch.stack(xs), (0.5,) * 3, (0.5,) * 3), torch.tensor(ys, dtype=torch.int64)
 
 
 def _rgb(path: str) -> Any:
@@ -118,7 +78,7 @@ def _rgb(path: str) -> Any:
 
 def load_imagefolder(spec: DatasetSpec) -> Splits:
     """``<path>/train/<class>/*`` (+ optional ``<path>/test/<class>/*``), resized to 32x32 RGB."""
-    root = _existing_dir(spec)
+    root = existing_dir(spec)
     train_dir, test_dir = root / "train", root / "test"
     if not train_dir.is_dir():
         raise ConfigError("dataset.path", f"{str(root)!r} has no train/ folder",
@@ -134,5 +94,5 @@ def load_imagefolder(spec: DatasetSpec) -> Splits:
     else:
         t_idx, val, train = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed,
                                           "dataset.test_size")
-        test = _take(x, y, t_idx)
-    return make_splits(_take(x, y, train), _take(x, y, val), test, len(classes))
+        test = take(x, y, t_idx)
+    return make_splits(take(x, y, train), take(x, y, val), test, len(classes))

@@ -16,17 +16,24 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 
 @dataclass(frozen=True, eq=False)
 class Splits:
-    """train/val/test as (x float32 N x C x H x W, y int64) pairs, already normalised."""
+    """train/val/test as (x float32 N x C x H x W, y int64) pairs, already normalised. A table's rows are
+    (N, 1, 1, d): one channel, one row of d features."""
 
     train: Pair
     val: Pair
     test: Pair
     num_classes: int
     input_shape: tuple[int, int, int]
+    # digests of the source records when the tensors depend on user choices (a table: which columns, which
+    # bounds); None: the tensors themselves (fixed preprocessing) identify the examples
+    record_digests: tuple[bytes, ...] | None = None
 
     def example_digests(self) -> list[bytes]:
-        """sha256 of every example (train ∪ validation ∪ test; image bytes + label), sorted. Curator-side
-        only (the ledger): an exact hash of private records decides membership of the last one."""
+        """sha256 of every example (train ∪ validation ∪ test; image bytes + label, or the source record),
+        sorted. Curator-side only (the ledger): an exact hash of private records decides membership of the
+        last one."""
+        if self.record_digests is not None:
+            return sorted(self.record_digests)
         digests = []
         for x, y in (self.train, self.val, self.test):
             xa = x.detach().cpu().contiguous().numpy()
@@ -44,13 +51,14 @@ class Splits:
         return h.hexdigest()
 
 
-def make_splits(train: Pair, val: Pair, test: Pair, num_classes: int) -> Splits:
+def make_splits(train: Pair, val: Pair, test: Pair, num_classes: int,
+                record_digests: tuple[bytes, ...] | None = None) -> Splits:
     def fix(p: Pair) -> Pair:
         return p[0].to(torch.float32).contiguous(), p[1].to(torch.int64).contiguous()
 
     tr = fix(train)
     c, h, w = tr[0].shape[1:]
-    return Splits(tr, fix(val), fix(test), num_classes, (int(c), int(h), int(w)))
+    return Splits(tr, fix(val), fix(test), num_classes, (int(c), int(h), int(w)), record_digests)
 
 
 def poisson_subsample(splits: Splits, fraction: float, seed: int) -> Splits:

@@ -6,8 +6,13 @@ too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical step
 Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),
 ``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
+<<<<<<< HEAD
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_audit`` (audit-only hooks:
 gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit`` uses them).
+=======
+non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
+checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step).
+>>>>>>> data12
 """
 
 from dptune.dpsgd._audit import BUGS, AuditHooks
@@ -18,6 +23,7 @@ from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import load_model, save_model
 from dptune.dpsgd._streams import TrialStreams
 from dptune.dpsgd._trial import TrialResult, init_model, run_trial
+from dptune.dpsgd._validate import validate_model
 
 __all__ = [
     "AUTO_CLIPPING",
@@ -36,4 +42,5 @@ __all__ = [
     "resolve_clipping",
     "run_trial",
     "save_model",
+    "validate_model",
 ]

@@ -38,11 +38,17 @@ __all__ = ["AUTO_CLIPPING", "Engine", "engine_mode", "make_engine", "resolve_cli
 AUTO_CLIPPING = {"gn_cnn": "bookkeeping", "resnet9": "bookkeeping", "wrn16_4": "functorch"}
 
 
+def _auto_mode(model: str) -> str:
+    # torchvision and user models may modify tensors in place (torchvision's ResNets: ReLU(inplace=True),
+    # out += identity), which crashes Opacus' full backward hooks (opacus issue #828): whole-model vmap
+    return AUTO_CLIPPING.get(model, "functorch" if ":" in model else "hooks")
+
+
 def resolve_clipping(config: TrialConfig, basis: float) -> str:
     """The per-sample-gradient mode that will run. Ghost clipping cannot average augmented views before
     clipping and is used without gradient accumulation, so it needs a logical batch that fits one
     physical batch (B + 4 sqrt(B), a Poisson tail bound) and augmult == 0; otherwise hooks."""
-    mode = AUTO_CLIPPING.get(config.model, "hooks") if config.clipping == "auto" else config.clipping
+    mode = _auto_mode(config.model) if config.clipping == "auto" else config.clipping
     if mode == "ghost":
         b = config.batch_size
         if config.augmult > 0 or b + 4 * math.sqrt(b) > config.physical_batch_size:

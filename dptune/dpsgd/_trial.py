@@ -23,7 +23,8 @@ from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, trial_identity
 from dptune.dpsgd._streams import TrialStreams
-from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
+from dptune.dpsgd._validate import checked_model
+from dptune.models import build_model
 
 __all__ = ["TrialResult", "init_model", "run_trial", "schedule"]
 
@@ -56,15 +57,13 @@ class TrialResult:
 
 
 def init_model(config: TrialConfig, data: Splits, streams: TrialStreams | None = None) -> nn.Module:
-    """Seeded model init in a forked RNG (the caller's global RNG is left alone); BN refused or fixed."""
+    """Seeded model init in a forked RNG (the caller's global RNG is left alone); BN refused or fixed, and
+    Opacus' ModuleValidator applied (``checked_model``)."""
     init_seed = (streams or TrialStreams.from_entropy(config.seed)).init_seed
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed)
         model = build_model(config, data.num_classes, data.input_shape)
-    if config.fix_batchnorm:
-        fix_batchnorm(model, config.groups)
-    check_no_batchnorm(model)
-    return model
+    return checked_model(model, config)
 
 
 def schedule(config: TrialConfig, basis: float) -> Schedule:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
 from dptune.models._cnn import GNCNN
+from dptune.models._external import factory_model, torchvision_model
 from dptune.models._layers import group_norm
+from dptune.models._mlp import MLP
 from dptune.models._resnets import ResNet9, WideResNet
 
 __all__ = ["build_model", "check_no_batchnorm", "count_parameters", "fix_batchnorm"]
@@ -15,17 +19,28 @@ _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 def build_model(config: TrialConfig, num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
-    """The model named by ``config.model`` for ``num_classes`` classes and C x H x W inputs."""
+    """The model named by ``config.model`` for ``num_classes`` classes and C x H x W inputs: a built-in,
+    ``torchvision:<name>`` or ``factory:<package.module>:<function>`` (see dptune._specs), with
+    ``config.model_kwargs``. BatchNorm is left in place here: the trainer refuses or replaces it."""
     if num_classes < 2:
         raise ConfigError("dataset", f"{num_classes} classes", "use a dataset with at least 2 classes")
     shape = (int(input_shape[0]), int(input_shape[1]), int(input_shape[2]))
-    if config.model == "gn_cnn":
-        return GNCNN(num_classes, shape, config.groups)
+    kwargs = dict(config.model_kwargs)
+    if config.model.startswith("torchvision:"):
+        return torchvision_model(config.model.removeprefix("torchvision:"), num_classes, kwargs)
+    if config.model.startswith("factory:"):
+        return factory_model(config.model.removeprefix("factory:"), num_classes, shape, config.groups, kwargs)
+    builders: dict[str, Any] = {"gn_cnn": GNCNN, "resnet9": ResNet9, "mlp": MLP,
+                                "wrn16_4": lambda *a, **kw: WideResNet(*a, **{"depth": 16, "width": 4, **kw})}
+    if config.model not in builders:
+        raise ConfigError("model", f"unknown model {config.model!r}", "use one of: " + ", ".join(builders))
     if config.model == "resnet9":
-        return ResNet9(num_classes, shape, config.groups, scale_norm=config.scale_norm)
-    if config.model == "wrn16_4":
-        return WideResNet(num_classes, shape, config.groups, depth=16, width=4)
-    raise ConfigError("model", f"unknown model {config.model!r}", "use one of: gn_cnn, resnet9, wrn16_4")
+        kwargs.setdefault("scale_norm", config.scale_norm)
+    try:
+        return cast(nn.Module, builders[config.model](num_classes, shape, config.groups, **kwargs))
+    except TypeError as e:  # an unknown keyword of a built-in model
+        raise ConfigError("model.kwargs", f"{config.model} refused them ({e})",
+                          f"give only keyword arguments of the {config.model} model") from e
 
 
 def count_parameters(model: nn.Module) -> int:

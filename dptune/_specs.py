@@ -1,0 +1,178 @@
+"""Which model and which data: the space-file syntax of ``model:`` and ``dataset:``, checked without torch.
+
+A trial config names its model with one string (``TrialConfig.model``) plus ``model_kwargs``:
+
+* a built-in: ``gn_cnn``, ``resnet9``, ``wrn16_4``, ``mlp``;
+* ``torchvision:<name>``: a torchvision classification model, built with ``weights=None``;
+* ``factory:<package.module>:<function>``: ``function(num_classes, input_shape, groups, **model_kwargs)``
+  returning an ``nn.Module`` (the module must be importable on every node that runs trials).
+
+In a space file: ``model: {name: gn_cnn}``, ``model: {torchvision: resnet18, fix_batchnorm: true}`` or
+``model: {factory: "pkg.mod:fn", kwargs: {width: 64}}``. Whether the model builds and passes Opacus'
+validation is checked by ``dptune.dpsgd.validate_model`` before anything is charged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from dptune.errors import ConfigError
+
+__all__ = ["BUILTIN_MODELS", "DATASETS", "DATASET_SPLITS", "VISION_SIZES", "check_dataset_fields",
+           "check_model", "check_model_kwargs", "model_from_section", "nominal_pool_size"]
+
+BUILTIN_MODELS = ("gn_cnn", "resnet9", "wrn16_4", "mlp")
+TORCHVISION_PREFIX = "torchvision:"
+FACTORY_PREFIX = "factory:"
+MODEL_KEYS = ("name", "torchvision", "factory", "kwargs", "scale_norm", "fix_batchnorm")
+_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_TORCHVISION = re.compile(r"^[A-Za-z_]\w*$")
+
+# (official train split, official test split) sizes of the torchvision datasets dptune reads
+VISION_SIZES = {"mnist": (60000, 10000), "fashion_mnist": (60000, 10000), "cifar10": (50000, 10000),
+                "cifar100": (50000, 10000), "svhn": (73257, 26032)}
+DATASETS = ("digits", *VISION_SIZES, "imagefolder", "table")
+# official: the official train split gives train + validation, the official test split is the test split;
+# train / test: that official split alone is the pool dptune splits into train / validation / test
+DATASET_SPLITS = ("official", "train", "test")
+
+
+# --------------------------------------------------------------------------------------------------
+# models
+
+
+def check_model(model: Any) -> None:
+    """``model`` is a built-in name, ``torchvision:<name>`` or ``factory:<package.module>:<function>``."""
+    if not isinstance(model, str):
+        raise ConfigError("model", f"{model!r} is not a string", f"use one of: {', '.join(BUILTIN_MODELS)}")
+    if model.startswith(FACTORY_PREFIX):
+        target = model[len(FACTORY_PREFIX):]
+        if not _FACTORY.match(target):
+            raise ConfigError("model.factory", f"{target!r} is not 'package.module:function'",
+                              "write e.g. model: {factory: \"mypackage.models:make_model\"}")
+    elif model.startswith(TORCHVISION_PREFIX):
+        if not _TORCHVISION.match(model[len(TORCHVISION_PREFIX):]):
+            raise ConfigError("model.torchvision", f"{model[len(TORCHVISION_PREFIX):]!r} is not a model name",
+                              "write e.g. model: {torchvision: resnet18}")
+    elif model not in BUILTIN_MODELS:
+        raise ConfigError("model", f"unknown model {model!r}",
+                          f"use one of: {', '.join(BUILTIN_MODELS)}, or model: {{torchvision: NAME}} or "
+                          "model: {factory: \"package.module:function\"}")
+
+
+def _check_plain(field: str, value: Any) -> None:
+    """YAML/JSON data only (so a config round-trips through best_config.yaml and JSON unchanged)."""
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(field, f"{value!r} is not finite", "give a finite number")
+        return
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_plain(f"{field}[{i}]", v)
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(field, f"key {k!r} is not a string", "use string keys")
+            _check_plain(f"{field}.{k}", v)
+        return
+    raise ConfigError(field, f"{value!r} is a {type(value).__name__}",
+                      "use YAML data only: numbers, strings, true/false, null, lists and mappings")
+
+
+def check_model_kwargs(kwargs: Any) -> None:
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError("model.kwargs", f"{kwargs!r} is not a mapping", "write kwargs: {name: value, ...}")
+    _check_plain("model.kwargs", dict(kwargs))
+    for reserved in ("num_classes", "input_shape", "groups"):
+        if reserved in kwargs:
+            raise ConfigError(f"model.kwargs.{reserved}", "is set by dptune (from the data and the searched groups)",
+                              f"remove {reserved} from model.kwargs")
+    if "weights" in kwargs:
+        raise ConfigError("model.kwargs.weights", "pretrained weights are not supported (nothing is downloaded "
+                          "at run time, and a model is trained from scratch)", "remove weights from model.kwargs")
+
+
+def model_from_section(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrialConfig values of a space's ``model:`` section (keys of :data:`MODEL_KEYS`)."""
+    kinds = [k for k in ("name", "torchvision", "factory") if k in section]
+    if len(kinds) > 1:
+        raise ConfigError(f"model.{kinds[1]}", f"model.{kinds[0]} is given too", "give one of name, torchvision, factory")
+    out: dict[str, Any] = {k: section[k] for k in ("scale_norm", "fix_batchnorm") if k in section}
+    for kind, prefix in (("name", ""), ("torchvision", TORCHVISION_PREFIX), ("factory", FACTORY_PREFIX)):
+        if kind in section:
+            if not isinstance(section[kind], str):
+                raise ConfigError(f"model.{kind}", f"{section[kind]!r} is not a string", "give a name")
+            out["model"] = prefix + section[kind]
+    if "kwargs" in section:
+        kwargs = {} if section["kwargs"] is None else section["kwargs"]
+        check_model_kwargs(kwargs)
+        out["model_kwargs"] = dict(kwargs)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# datasets
+
+
+def check_dataset_fields(name: str, split: Any, label: Any, features: Any, classes: Any) -> Any:
+    """The dataset keys beyond name/path/sizes: ``split`` (torchvision datasets), and for ``table`` the
+    ``label`` column, the ``features`` with their public bounds and optional declared ``classes``.
+    Returns a copy of ``features`` (None for non-tables)."""
+    if split not in DATASET_SPLITS:
+        raise ConfigError("dataset.split", f"unknown split {split!r}", f"use one of: {', '.join(DATASET_SPLITS)}")
+    if split != "official" and name not in VISION_SIZES:
+        raise ConfigError("dataset.split", f"dataset {name!r} has no official splits to choose from",
+                          "remove dataset.split (it applies to mnist, fashion_mnist, cifar10, cifar100, svhn)")
+    table_keys = {"label": label, "features": features, "classes": classes}
+    if name != "table":
+        given = [k for k, v in table_keys.items() if v is not None]
+        if given:
+            raise ConfigError(f"dataset.{given[0]}", f"applies to tables only, not to {name!r}",
+                              f"remove dataset.{given[0]}")
+        return None
+    if not isinstance(label, str) or not label:
+        raise ConfigError("dataset.label", "a table needs its label column", "set dataset.label: <column name>")
+    _check_features(features, label)
+    if classes is not None and not _distinct_labels(classes):
+        raise ConfigError("dataset.classes", f"{classes!r} is not a list of >= 2 distinct labels",
+                          "list the label values in class order, e.g. [benign, malignant], or leave it out")
+    return {col: list(bounds) for col, bounds in features.items()}
+
+
+def _distinct_labels(classes: Any) -> bool:
+    return (isinstance(classes, list) and len(classes) >= 2 and len(set(map(repr, classes))) == len(classes)
+            and all(isinstance(c, str) or (isinstance(c, int) and not isinstance(c, bool)) for c in classes))
+
+
+def _check_features(features: Any, label: str) -> None:
+    if not isinstance(features, Mapping) or not features:
+        raise ConfigError("dataset.features", "a table needs its feature columns with public bounds",
+                          "write features: {column: [low, high], ...} with bounds from the data's documentation")
+    for col, bounds in features.items():
+        field = f"dataset.features.{col}"
+        if not isinstance(col, str):
+            raise ConfigError("dataset.features", f"column name {col!r} is not a string", "quote the column name")
+        if col == label:
+            raise ConfigError(field, "is the label column", "remove the label from the features")
+        ok = (isinstance(bounds, list) and len(bounds) == 2 and all(
+            isinstance(b, int | float) and not isinstance(b, bool) and math.isfinite(b) for b in bounds))
+        if not ok or not bounds[0] < bounds[1]:
+            raise ConfigError(field, f"{bounds!r} is not [low, high] with low < high",
+                              "declare the column's public range, e.g. [0, 100] (never computed from the data)")
+
+
+def nominal_pool_size(name: str, split: str) -> int | None:
+    """Examples in the pool dptune splits (known without reading data): the official split chosen, or
+    the official train split for ``official`` (its test split is held out as is)."""
+    if name == "digits":
+        return 1797
+    sizes = VISION_SIZES.get(name)
+    if sizes is None:
+        return None
+    return sizes[1] if split == "test" else sizes[0]

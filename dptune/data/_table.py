@@ -1,0 +1,138 @@
+"""Tables: Parquet or CSV files read with pyarrow, one example per row.
+
+Preprocessing looks at no private data: each declared feature is clipped to its declared public bounds
+[low, high] and mapped linearly onto [-1, 1] from those bounds (never from the data's mean, std, min or
+max). A row becomes a (1, 1, d) tensor: one channel, one row of the d declared features, in declared order
+(the ``mlp`` model flattens it). Labels: the declared ``dataset.classes`` in order (class i = classes[i]);
+without them, integer labels are the classes themselves (0..max) and string labels are numbered by their
+sorted unique values (a data-dependent choice: declare ``classes`` to keep the label set public).
+
+Refused with a ConfigError naming the column (CLIs: exit 2, before anything is charged): a missing label
+column, a declared feature that does not exist or is not numeric, any missing value (null or NaN) in a
+declared feature or the label. dptune does not impute: an imputed value would be computed from private data.
+
+Ledger identity: the digests of the whole source rows (every column, by name), not of the preprocessed
+tensors, so declaring other features or bounds for the same table cannot open a fresh privacy budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from dptune.config import ConfigError, DatasetSpec
+from dptune.data._loaders import take
+from dptune.data._splits import Splits, make_splits, split_indices
+
+__all__ = ["load_table", "read_table"]
+
+
+def read_table(path: str | Path) -> pa.Table:
+    """The table at ``path`` (.parquet / .pq, or .csv / .csv.gz with a header row)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError("dataset.path", f"{str(p)!r} is not an existing file", "point dataset.path at a .parquet "
+                          "or .csv file")
+    name = p.name.lower()
+    try:
+        if name.endswith((".parquet", ".pq")):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(p)
+        if name.endswith((".csv", ".csv.gz")):
+            import pyarrow.csv as pcsv
+
+            return pcsv.read_csv(p)
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError("dataset.path", f"cannot read {p.name} ({type(e).__name__}: {e})",
+                          "use a valid Parquet file, or a CSV file with a header row") from e
+    raise ConfigError("dataset.path", f"{p.name} is neither .parquet nor .csv", "use a .parquet or .csv file")
+
+
+def load_table(spec: DatasetSpec) -> Splits:
+    """The table of ``spec`` split into train / validation / test by ``split_seed``."""
+    table = read_table(spec.path or "")
+    label = str(spec.label)
+    if label not in table.column_names:
+        raise ConfigError("dataset.label", f"column {label!r} does not exist in {Path(spec.path or '').name}",
+                          f"name one of its columns: {', '.join(table.column_names[:30])}")
+    features = [_feature(table, col, float(lo), float(hi)) for col, (lo, hi) in (spec.features or {}).items()]
+    x = torch.from_numpy(np.stack(features, axis=1).astype(np.float32)).view(table.num_rows, 1, 1, len(features))
+    y, classes = _labels(table.column(label), label, spec.classes)
+    te, val, tr = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed, "dataset.test_size")
+    return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), classes, record_digests(table))
+
+
+def _feature(table: pa.Table, col: str, low: float, high: float) -> np.ndarray:
+    """One declared feature: clipped to [low, high], then scaled to [-1, 1] from those bounds."""
+    field = f"dataset.features.{col}"
+    if col not in table.column_names:
+        raise ConfigError(field, f"column {col!r} does not exist in the table",
+                          "declare only existing columns (names are case-sensitive)")
+    column = table.column(col)
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+            or pa.types.is_decimal(column.type)):
+        raise ConfigError(field, f"column {col!r} is {column.type}, not numeric",
+                          "declare numeric columns only (encode a category as numbers first)")
+    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+    missing = column.null_count + int(np.isnan(values).sum())
+    if missing:
+        raise ConfigError(field, f"column {col!r} has {missing} missing values (null or NaN)",
+                          "drop or fill them before loading: dptune does not impute from private data")
+    return np.clip((values - low) / (high - low) * 2.0 - 1.0, -1.0, 1.0)
+
+
+def _labels(column: pa.ChunkedArray, name: str, classes: list[Any] | None) -> tuple[torch.Tensor, int]:
+    if column.null_count:
+        raise ConfigError("dataset.label", f"column {name!r} has {column.null_count} missing labels",
+                          "drop those rows before loading")
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    integer = pa.types.is_integer(column.type)
+    if not (integer or pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise ConfigError("dataset.label", f"column {name!r} is {column.type}: labels must be integers or strings",
+                          "store class labels as integers 0..K-1 or as strings")
+    values = column.to_pylist()
+    if classes is not None:
+        if not all(isinstance(c, int) if integer else isinstance(c, str) for c in classes):
+            raise ConfigError("dataset.classes", f"column {name!r} holds {'integers' if integer else 'strings'}, "
+                              f"dataset.classes lists {classes!r}", "list the label values as they are stored")
+        index = {c: i for i, c in enumerate(classes)}
+    elif integer:
+        if min(values, default=0) < 0:
+            raise ConfigError("dataset.label", f"column {name!r} has negative labels",
+                              "use labels 0..K-1, or declare them in dataset.classes")
+        index = {v: v for v in range(max(values, default=-1) + 1)}
+    else:
+        index = {v: i for i, v in enumerate(sorted(set(values)))}
+    unknown = next((v for v in values if v not in index), None)
+    if unknown is not None:
+        raise ConfigError("dataset.label", f"column {name!r} holds {unknown!r}, which dataset.classes does not list",
+                          "list every label value in dataset.classes")
+    if len(index) < 2:
+        raise ConfigError("dataset.label", f"column {name!r} has {len(index)} class", "a classifier needs >= 2 classes")
+    return torch.tensor([index[v] for v in values], dtype=torch.int64), len(index)
+
+
+def record_digests(table: pa.Table) -> tuple[bytes, ...]:
+    """sha256 of each row over every column, by name; numbers as floats, so the same table digests alike
+    from Parquet and from CSV (where an integral float column may read as integers)."""
+    names = sorted(table.column_names)
+    columns = [table.column(n).to_pylist() for n in names]
+    return tuple(hashlib.sha256(b"dptune-row/1" + json.dumps([[n, _canonical(v)] for n, v in zip(names, row)])
+                                .encode()).digest() for row in zip(*columns))
+
+
+def _canonical(value: Any) -> Any:
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float):
+        return None if isinstance(value, float) and math.isnan(value) else float(value)
+    return str(value)

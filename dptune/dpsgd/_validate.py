@@ -1,0 +1,104 @@
+"""Is a model fit for DP-SGD? Checked before anything is charged (:func:`validate_model`, called by the
+search for every model the space can build) and again at every trial's model init (:func:`checked_model`).
+
+Three checks, each a ConfigError naming field ``model`` (CLIs: exit 2, nothing charged):
+1. BatchNorm: refused (dptune's message, naming the layer), or replaced by GroupNorm with ``fix_batchnorm``;
+2. Opacus' own ``ModuleValidator`` (e.g. nn.LSTM, InstanceNorm with running stats), reported by layer name;
+3. a forward and backward pass of two synthetic, data-independent inputs through the per-sample-gradient
+   engine the trial will use: wrong input or output shapes, and ops the engine cannot differentiate per
+   sample (in-place ops under Opacus' hooks, opacus issue #828), fail here instead of in a charged trial.
+"""
+
+from __future__ import annotations
+
+import torch
+from opacus.utils.module_utils import trainable_modules
+from opacus.validators import ModuleValidator
+from opacus.validators.errors import IllegalModuleConfigurationError, ShouldReplaceModuleError
+from torch import nn
+
+from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._engines import make_engine, resolve_clipping
+from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
+
+__all__ = ["checked_model", "validate_model"]
+
+SMOKE_EXAMPLES = 2
+
+
+def checked_model(model: nn.Module, config: TrialConfig) -> nn.Module:
+    """``model`` in training mode with BatchNorm fixed (``config.fix_batchnorm``) or refused, and accepted by
+    Opacus' ModuleValidator; ConfigError naming the offending layer otherwise."""
+    if config.fix_batchnorm:
+        fix_batchnorm(model, config.groups)
+    check_no_batchnorm(model)
+    model.train()  # dptune trains in training mode (Opacus refuses a model in eval mode)
+    if ModuleValidator.validate(model, strict=False):
+        _raise_by_layer(model)
+    return model
+
+
+def _raise_by_layer(model: nn.Module) -> None:
+    """Opacus' validators, layer by layer, so the error names the layer (its own errors do not)."""
+    for name, module in trainable_modules(model):
+        validator = ModuleValidator.VALIDATORS.get(type(module))
+        errors = validator(module) if validator is not None else []
+        if errors:
+            reason = _first_sentence(errors[0], with_type=False)
+            raise ConfigError("model", f"layer {name} ({type(module).__name__}) is refused by Opacus' "
+                              f"ModuleValidator: {reason}", _fix(errors[0], type(module).__name__))
+    errors = ModuleValidator.validate(model, strict=False)
+    raise ConfigError("model", f"refused by Opacus' ModuleValidator: {errors[0]}", "fix the model as Opacus says")
+
+
+def _fix(error: Exception, layer: str) -> str:
+    if isinstance(error, ShouldReplaceModuleError):
+        return (f"replace the {layer} by Opacus' drop-in DP layer (opacus.layers: DPLSTM, DPGRU, "
+                "DPMultiheadAttention; opacus.validators.ModuleValidator.fix shows the replacement)")
+    if isinstance(error, IllegalModuleConfigurationError):
+        return f"configure the {layer} as Opacus asks (e.g. track_running_stats=False)"
+    return f"replace the {layer} by a layer Opacus supports"
+
+
+def validate_model(config: TrialConfig, num_classes: int, input_shape: tuple[int, int, int]) -> None:
+    """Build the model of ``config`` for the data (BatchNorm fix applied), check it (see the module
+    docstring) and run the smoke step; ConfigError naming the field otherwise. Leaves the caller's RNG alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = checked_model(build_model(config, num_classes, input_shape), config)
+        _smoke_step(model, config, num_classes, input_shape)
+
+
+def _smoke_step(model: nn.Module, config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> None:
+    views = max(config.augmult, 1)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((SMOKE_EXAMPLES * views, *shape), generator=gen)  # synthetic: no data is read
+    y = torch.arange(SMOKE_EXAMPLES) % num_classes
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError("model", f"a forward pass of a batch of shape {tuple(x.shape)} fails ({_first_sentence(e)})",
+                          f"make the model accept the dataset's C x H x W = {shape} inputs") from e
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(x), num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError("model", f"its output for a batch of {len(x)} inputs is {got}",
+                          f"return logits of shape (batch, {num_classes})")
+    # the mode depends on the config alone (basis only bounds B, which the trial checks against n)
+    mode = resolve_clipping(config, basis=config.batch_size)
+    try:
+        engine = make_engine(mode, model, config, torch.Generator().manual_seed(0))
+        engine.backward(x, y, views)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError("model", f"Opacus' per-sample gradients ({mode}) fail on it ({_first_sentence(e)})",
+                          "avoid in-place ops (ReLU(inplace=True), x += y) or choose another fixed.clipping "
+                          "(functorch: whole-model vmap; hooks: Opacus' per-layer rules)") from e
+
+
+def _first_sentence(e: Exception, with_type: bool = True) -> str:
+    text = (str(e).splitlines() or [""])[0].split(". ")[0].strip().rstrip(".")
+    return f"{type(e).__name__}: {text}" if with_type else text
