@@ -22,7 +22,7 @@ from typing import Any
 from dptune.errors import ConfigError
 
 __all__ = ["BUILTIN_MODELS", "DATASETS", "DATASET_SPLITS", "VISION_SIZES", "check_dataset_fields",
-           "check_model", "check_model_kwargs", "model_from_section", "nominal_pool_size"]
+           "check_augmentation", "check_model", "check_model_kwargs", "model_from_section", "nominal_train_size"]
 
 BUILTIN_MODELS = ("gn_cnn", "resnet9", "wrn16_4", "mlp")
 TORCHVISION_PREFIX = "torchvision:"
@@ -167,12 +167,21 @@ def _check_features(features: Any, label: str) -> None:
                               "declare the column's public range, e.g. [0, 100] (never computed from the data)")
 
 
-def nominal_pool_size(name: str, split: str) -> int | None:
-    """Examples in the pool dptune splits (known without reading data): the official split chosen, or
-    the official train split for ``official`` (its test split is held out as is)."""
+def nominal_train_size(name: str, split: str, validation_size: int, test_size: int) -> int | None:
+    """The training split's size known without reading data: the pool dptune splits (digits: 1797; the
+    official split chosen, or for ``official`` the official train split, whose test split is kept as is)
+    less the held-out splits. None when only the data can tell (imagefolder, tables)."""
     if name == "digits":
-        return 1797
+        return 1797 - validation_size - test_size
     sizes = VISION_SIZES.get(name)
     if sizes is None:
         return None
-    return sizes[1] if split == "test" else sizes[0]
+    if split == "official":
+        return sizes[0] - validation_size
+    return (sizes[1] if split == "test" else sizes[0]) - validation_size - test_size
+
+
+def check_augmentation(dataset: str, augmult: int, searched: bool) -> None:
+    if dataset == "table" and (augmult or searched):
+        raise ConfigError("space.augmult" if searched else "fixed.augmult", "augmentation (crops, flips) applies "
+                          "to images, not to table rows", "remove augmult (or set 0) for a table")

@@ -267,9 +267,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
                              for k, v in privacy_raw.items()})
     check_privacy(privacy, public_validation=dataset.public_validation)
     fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.score_noise)
-    if dataset.name == "table" and (fixed.augmult or "augmult" in space):
-        raise ConfigError("space.augmult" if "augmult" in space else "fixed.augmult", "augmentation (crops, flips) "
-                          "applies to images, not to table rows", "remove augmult (or set 0) for a table")
+    _specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, **_parse_search(raw))
     check_adaptive(space_obj)
@@ -347,14 +345,9 @@ def _parse_search(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def nominal_train_size(spec: DatasetSpec) -> int | None:
-    """Training-split size known without reading the data: the pool (digits: 1797 images; the official
-    splits of the torchvision datasets, e.g. MNIST's test split: 10,000) less the held-out splits (the
-    test split is held out of the pool unless it is the official one). None for imagefolder and tables."""
-    pool = _specs.nominal_pool_size(spec.name, spec.split)
-    if pool is None:
-        return None
-    official_test = spec.name != "digits" and spec.split == "official"
-    return pool - spec.validation_size - (0 if official_test else spec.test_size)
+    """Training-split size known without reading the data (digits: 1797 images; the torchvision datasets'
+    official splits, e.g. MNIST's test split: 10,000, less the held-out splits); None for folders and tables."""
+    return _specs.nominal_train_size(spec.name, spec.split, spec.validation_size, spec.test_size)
 
 
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
