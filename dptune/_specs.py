@@ -2,7 +2,7 @@
 
 A trial config names its model with one string (``TrialConfig.model``) plus ``model_kwargs``:
 
-* a built-in: ``gn_cnn``, ``resnet9``, ``wrn16_4``, ``mlp``;
+* a built-in: ``gn_cnn``, ``tanh_cnn``, ``resnet9``, ``wrn16_4``, ``mlp``;
 * ``torchvision:<name>``: a torchvision classification model, built with ``weights=None``;
 * ``factory:<package.module>:<function>``: ``function(num_classes, input_shape, groups, **model_kwargs)``
   returning an ``nn.Module`` (the module must be importable on every node that runs trials).
@@ -24,7 +24,7 @@ from dptune.errors import ConfigError
 __all__ = ["BUILTIN_MODELS", "DATASETS", "DATASET_SPLITS", "VISION_SIZES", "check_dataset_fields",
            "check_augmentation", "check_model", "check_model_kwargs", "model_from_section", "nominal_train_size"]
 
-BUILTIN_MODELS = ("gn_cnn", "resnet9", "wrn16_4", "mlp")
+BUILTIN_MODELS = ("gn_cnn", "tanh_cnn", "resnet9", "wrn16_4", "mlp")
 TORCHVISION_PREFIX = "torchvision:"
 FACTORY_PREFIX = "factory:"
 MODEL_KEYS = ("name", "torchvision", "factory", "kwargs", "scale_norm", "fix_batchnorm")
