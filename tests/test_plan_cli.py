@@ -109,7 +109,7 @@ def _mutate(path: str, value: object) -> dict:
     ("model.name", "vgg", "model"),
     ("fixed.epochs", "many", "fixed.epochs"),
     ("search.searcher", "tpe", "search.accounting"),
-    ("dataset.name", "mnist", "dataset.name"),
+    ("dataset.name", "imagenet", "dataset.name"),
 ])
 def test_bad_space_exits_2(tmp_path: Path, path: str, value: object, field: str,
                            capsys: pytest.CaptureFixture[str]) -> None:
