@@ -195,3 +195,6 @@ def test_split_applies_to_torchvision_datasets_only() -> None:
     with pytest.raises(ConfigError) as e:
         DatasetSpec(name="mnist", path="x", split="extra")
     assert e.value.field == "dataset.split"
+    with pytest.raises(ConfigError) as e:
+        DatasetSpec(name="imagefolder", path="x", download=True)
+    assert e.value.field == "dataset.download"
