@@ -2,7 +2,7 @@
 
 A trial config names its model with one string (``TrialConfig.model``) plus ``model_kwargs``:
 
-* a built-in: ``gn_cnn``, ``resnet9``, ``wrn16_4``, ``mlp``;
+* a built-in: ``gn_cnn``, ``tanh_cnn``, ``resnet9``, ``wrn16_4``, ``mlp``;
 * ``torchvision:<name>``: a torchvision classification model, built with ``weights=None``;
 * ``factory:<package.module>:<function>``: ``function(num_classes, input_shape, groups, **model_kwargs)``
   returning an ``nn.Module`` (the module must be importable on every node that runs trials).
@@ -24,7 +24,7 @@ from dptune.errors import ConfigError
 __all__ = ["BUILTIN_MODELS", "DATASETS", "DATASET_SPLITS", "VISION_SIZES", "check_dataset_fields",
            "check_augmentation", "check_model", "check_model_kwargs", "model_from_section", "nominal_train_size"]
 
-BUILTIN_MODELS = ("gn_cnn", "resnet9", "wrn16_4", "mlp")
+BUILTIN_MODELS = ("gn_cnn", "tanh_cnn", "resnet9", "wrn16_4", "mlp")
 TORCHVISION_PREFIX = "torchvision:"
 FACTORY_PREFIX = "factory:"
 MODEL_KEYS = ("name", "torchvision", "factory", "kwargs", "scale_norm", "fix_batchnorm")
@@ -120,15 +120,16 @@ def model_from_section(section: Mapping[str, Any]) -> dict[str, Any]:
 # datasets
 
 
-def check_dataset_fields(name: str, split: Any, label: Any, features: Any, classes: Any) -> Any:
-    """The dataset keys beyond name/path/sizes: ``split`` (torchvision datasets), and for ``table`` the
-    ``label`` column, the ``features`` with their public bounds and optional declared ``classes``.
-    Returns a copy of ``features`` (None for non-tables)."""
+def check_dataset_fields(name: str, split: Any, download: Any, label: Any, features: Any, classes: Any) -> Any:
+    """The dataset keys beyond name/path/sizes: ``split`` and ``download`` (torchvision datasets), and for
+    ``table`` the ``label`` column, the ``features`` with their public bounds and optional declared
+    ``classes``. Returns a copy of ``features`` (None for non-tables)."""
     if split not in DATASET_SPLITS:
         raise ConfigError("dataset.split", f"unknown split {split!r}", f"use one of: {', '.join(DATASET_SPLITS)}")
-    if split != "official" and name not in VISION_SIZES:
-        raise ConfigError("dataset.split", f"dataset {name!r} has no official splits to choose from",
-                          "remove dataset.split (it applies to mnist, fashion_mnist, cifar10, cifar100, svhn)")
+    for key, given in (("split", split != "official"), ("download", download is not False)):
+        if given and name not in VISION_SIZES:
+            raise ConfigError(f"dataset.{key}", f"applies to torchvision's datasets, not to {name!r}",
+                              f"remove dataset.{key} (it applies to {', '.join(VISION_SIZES)})")
     table_keys = {"label": label, "features": features, "classes": classes}
     if name != "table":
         given = [k for k, v in table_keys.items() if v is not None]

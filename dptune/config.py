@@ -191,8 +191,8 @@ class DatasetSpec:
     classes: list[str | int] | None = None  # table: declared label values in class order (optional)
 
     def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
-        object.__setattr__(self, "features", _specs.check_dataset_fields(self.name, self.split, self.label,
-                                                                         self.features, self.classes))
+        object.__setattr__(self, "features", _specs.check_dataset_fields(
+            self.name, self.split, self.download, self.label, self.features, self.classes))
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,13 @@ def test_real_mnist_test_split_through_the_space(monkeypatch: pytest.MonkeyPatch
     # the README's per-class counts of the official test split
     assert torch.bincount(y).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
     assert float(s.train[0].min()) == -1.0 and float(s.train[0].max()) == 1.0
+    from dptune.dpsgd import run_trial, validate_model
+
+    for groups in (4, 8):  # what the search checks before it reserves
+        validate_model(space.fixed.replace(groups=groups), s.num_classes, s.input_shape)
+    one_step = space.fixed.batch_size / 8000
+    result = run_trial(space.fixed.replace(epochs=one_step, seed=2**90 + 1), s)  # one real DP-SGD step
+    assert result.steps == result.noise_additions == 1 and result.applied_score_noise == 20.0
 
 
 def _write_cifar100(folder: Path, n_train: int, n_test: int) -> dict[str, dict[str, object]]:
@@ -189,3 +196,6 @@ def test_split_applies_to_torchvision_datasets_only() -> None:
     with pytest.raises(ConfigError) as e:
         DatasetSpec(name="mnist", path="x", split="extra")
     assert e.value.field == "dataset.split"
+    with pytest.raises(ConfigError) as e:
+        DatasetSpec(name="imagefolder", path="x", download=True)
+    assert e.value.field == "dataset.download"

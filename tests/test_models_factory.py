@@ -271,3 +271,17 @@ def test_builtin_kwargs_and_mlp(digits: Splits) -> None:
     with pytest.raises(ConfigError) as e:
         init_model(TrialConfig(model="mlp", model_kwargs={"norm": "batch"}), digits)
     assert e.value.field == "model.kwargs.norm"
+
+
+def test_tanh_cnn_the_mnist_literature_cnn_with_groupnorm() -> None:
+    from dptune.models import build_model, count_parameters
+
+    model = build_model(TrialConfig(model="tanh_cnn", groups=8), 10, (1, 28, 28))
+    assert count_parameters(model) == 26_010 + 2 * (16 + 32)  # Papernot et al.'s CNN + GroupNorm affine
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ConfigError) as e:
+        build_model(TrialConfig(model="tanh_cnn"), 10, (1, 8, 8))
+    assert e.value.field == "model" and "16x16" in e.value.problem
+    with pytest.raises(ConfigError) as e:
+        build_model(TrialConfig(model="tanh_cnn", groups=3), 10, (1, 28, 28))
+    assert e.value.field == "groups"

@@ -7,7 +7,7 @@ from typing import Any, cast
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
-from dptune.models._cnn import GNCNN
+from dptune.models._cnn import GNCNN, TanhCNN
 from dptune.models._external import factory_model, torchvision_model
 from dptune.models._layers import group_norm
 from dptune.models._mlp import MLP
@@ -30,7 +30,7 @@ def build_model(config: TrialConfig, num_classes: int, input_shape: tuple[int, i
         return torchvision_model(config.model.removeprefix("torchvision:"), num_classes, kwargs)
     if config.model.startswith("factory:"):
         return factory_model(config.model.removeprefix("factory:"), num_classes, shape, config.groups, kwargs)
-    builders: dict[str, Any] = {"gn_cnn": GNCNN, "resnet9": ResNet9, "mlp": MLP,
+    builders: dict[str, Any] = {"gn_cnn": GNCNN, "tanh_cnn": TanhCNN, "resnet9": ResNet9, "mlp": MLP,
                                 "wrn16_4": lambda *a, **kw: WideResNet(*a, **{"depth": 16, "width": 4, **kw})}
     if config.model not in builders:
         raise ConfigError("model", f"unknown model {config.model!r}", "use one of: " + ", ".join(builders))
