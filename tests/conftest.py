@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +48,20 @@ def digits_seed_with_k(lo: int, hi: int) -> int:
     p = load_space(ROOT / "search_spaces" / "digits.yaml").privacy
     rule = stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
     return next(s for s in range(10_000) if lo <= rule.draw_k(np.random.default_rng([s, 0])) <= hi)
+
+
+@pytest.fixture(scope="module")
+def digits() -> Any:
+    """The embedded digits data, default split (loaded once per test module)."""
+    from dptune.config import DatasetSpec
+    from dptune.data import load_dataset
+
+    return load_dataset(DatasetSpec())
+
+
+@pytest.fixture(scope="module")
+def small(digits: Any) -> Any:
+    """A fixed 20 % Poisson subsample of ``digits``: fast trials."""
+    from dptune.data import poisson_subsample
+
+    return poisson_subsample(digits, 0.2, seed=0)

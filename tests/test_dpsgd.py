@@ -13,8 +13,8 @@ from torch import nn
 
 import dptune.dpsgd as dpsgd
 from dptune._params import sampling_rate, trial_steps
-from dptune.config import ConfigError, DatasetSpec, TrialConfig
-from dptune.data import Splits, augment_views, load_dataset, poisson_subsample
+from dptune.config import ConfigError, TrialConfig
+from dptune.data import Splits, augment_views
 from dptune.dpsgd import (
     _engines,
     _trial,
@@ -33,16 +33,6 @@ BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1
 
 def _clipping(mode: str) -> str:
     return "auto" if mode == "bookkeeping" else mode  # config.py does not list bookkeeping; auto picks it
-
-
-@pytest.fixture(scope="module")
-def digits() -> Splits:
-    return load_dataset(DatasetSpec())
-
-
-@pytest.fixture(scope="module")
-def small(digits: Splits) -> Splits:
-    return poisson_subsample(digits, 0.2, seed=0)
 
 
 def test_short_dp_training_beats_chance(digits: Splits) -> None:

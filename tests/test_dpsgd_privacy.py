@@ -15,8 +15,8 @@ from torch import nn
 
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, reachable_points
-from dptune.config import DatasetSpec, TrialConfig, load_space
-from dptune.data import Splits, load_dataset, poisson_subsample
+from dptune.config import TrialConfig, load_space
+from dptune.data import Splits
 from dptune.dpsgd import ChargeMismatch, TrialStreams, _trial, init_model, make_engine, run_trial
 from dptune.dpsgd._charge import check_charged
 from dptune.dpsgd._optim import NoiseMeter
@@ -28,16 +28,6 @@ def _point(sigma: float, q: float, steps: int, score_noise: float | None) -> Tri
 
 BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1.0, learning_rate=0.5,
                    score_noise=None, physical_batch_size=256)
-
-
-@pytest.fixture(scope="module")
-def digits() -> Splits:
-    return load_dataset(DatasetSpec())
-
-
-@pytest.fixture(scope="module")
-def small(digits: Splits) -> Splits:
-    return poisson_subsample(digits, 0.2, seed=0)
 
 
 def _draws(s: TrialStreams) -> dict[str, list[float]]:

@@ -15,8 +15,8 @@ import yaml
 from torch import nn
 
 from dptune._params import trial_steps
-from dptune.config import ConfigError, DatasetSpec, TrialConfig, parse_space
-from dptune.data import Splits, load_dataset, poisson_subsample
+from dptune.config import ConfigError, TrialConfig, parse_space
+from dptune.data import Splits, poisson_subsample
 from dptune.data._splits import make_splits
 from dptune.dpsgd import init_model, run_trial, validate_model
 
@@ -85,11 +85,6 @@ def user_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     import importlib
 
     return importlib.import_module(MODULE)
-
-
-@pytest.fixture(scope="module")
-def digits() -> Splits:
-    return load_dataset(DatasetSpec())
 
 
 def _space(model: dict[str, Any], **space: Any) -> dict[str, Any]:
