@@ -430,6 +430,11 @@ def report(plans: dict[float, EpsPlan], cells: list[dict[str, Any]], args: argpa
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--dataset" in argv and argv[argv.index("--dataset") + 1:][:1] == ["mnist"]:
+        import tuning_value_mnist  # the MNIST bench of issue 13 (its own modes and report)
+
+        return tuning_value_mnist.main(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--epsilons", default="1,2,4")
@@ -438,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="worker processes (rows run in parallel)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per worker (1: on the shared 2-core box 2 threads ran 7-20x slower)")
+    p.add_argument("--dataset", choices=("digits", "mnist"), default="digits", help="mnist: bench/tuning_value_mnist.py")
     args = p.parse_args(argv)
     args.command = " ".join(["python", "bench/tuning_value.py", *(sys.argv[1:] if argv is None else argv)])
     if args.quick:

@@ -1,0 +1,430 @@
+"""Does private tuning pay on real data? MNIST: a literature default vs. dptune, and the share of the oracle gap
+closed (issue 13). Run through ``bench/tuning_value.py --dataset mnist``.
+
+Pool: the real MNIST test split (../shared/data/mnist-t10k, 10,000 images), split per row seed s into 8,000
+train / 1,000 validation / 1,000 test (dptune's own splitter, split seed s). δ = 1e-5. Model and fixed settings
+from ``search_spaces/mnist.yaml`` (tanh CNN of Opacus' MNIST example with GroupNorm, SGD without momentum,
+10 epochs, clip 1.0). Every final run trains on train ∪ validation (9,000) with σ calibrated so that the RDP
+composition of everything the mode ran (search + final) is ≤ the total ε, asserted per row; its test accuracy is
+the non-private held-out measurement. Modes, paired per row (same split, same final-training seed):
+
+(a)  the space's declared default (Opacus' MNIST example: B 64, lr 0.1, 10 epochs), trained once with the whole ε;
+(o)  oracle: ``ORACLE_GRID`` (fixed before any run; contains (a)), every point trained with the whole ε and
+     scored on the *test* split; the best of them. Not private: an upper bound of what tuning this space can do
+     (a coarse grid, so a lower bound of the true oracle);
+(b)  dptune random search with random stopping on the full training split (σ not searched: trials at the floor
+     the search share affords; stopping rule, mean, score noise and share from the planner's ``advise``) +
+     final training of the released config, charged by composition search ⊕ final;
+(d)  the same on a Poisson subsample of fraction ``FRACTION_D`` (Koskela & Kulkarni), transfer rule for the final;
+(s)  the linear scaling rule of Panda et al. (ICML 2024): B fixed at ``SCALED_BATCH``, ``SCALED_LRS``
+     tried at two small ε levels (σ₁ = 2σ₂), each trial's noised validation score released; at each level the
+     best r = lr·T; the line r(ε) = a·ε + b through the two points (slope ≥ 0: the rule's premise) extrapolated
+     to the final run's own ε; charged by RDP composition of all 2·|SCALED_LRS| trials (training + score release)
+     and the final run — valid for adaptive choices.
+
+Trials run in-process (``dptune.dpsgd.run_trial``), tasks spread over ``--jobs`` worker processes, torch at 1
+thread each; random-search draws come from dptune's ``make_draw`` with the secret seed replaced by the row's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dp_accounting import dp_event as de
+
+from dptune._params import sampling_rate, trial_steps
+from dptune.accounting import (
+    StoppingRule,
+    advise,
+    calibrate_noise_multiplier,
+    calibrate_sigma,
+    epsilon,
+    plan_search,
+    trial_event,
+)
+from dptune.config import SearchSpace, parse_space
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACE_PATH = ROOT / "search_spaces" / "mnist.yaml"
+MNIST = ROOT.parent / "shared" / "data" / "mnist-t10k"
+DELTA = 1e-5
+QUICK_ENV = "DPTUNE_BENCH_EPOCHS"
+N_TRAIN, N_VAL, N_FINAL = 8000, 1000, 9000
+# Fixed before any run on this data. (B, lr): the default first, then per batch the linearly scaled lr
+# (0.1·B/64) and 4x that, plus the large-batch end of the space.
+ORACLE_GRID = ((64, 0.1), (64, 0.4), (256, 0.4), (256, 1.6), (1024, 1.6), (1024, 3.2), (1024, 6.4))
+FRACTION_D = 0.25
+MEANS = (2.0, 3.0)
+SCALED_BATCH = 256  # the default's B 64 x 4 (DP-SGD favours larger batches); 313 steps in 10 epochs, not 79
+SCALED_LRS = (0.2, 0.8, 3.2)  # around the linearly scaled default lr 0.1·256/64 = 0.4
+SCALED_SHARE = 0.4  # of the total ε, for the cheap trials (RDP composition)
+SCALED_SCORE_NOISE = 40.0  # std on the validation correct-count (1,000 examples: ±4 %)
+MODES = ("a", "o", "b", "d", "s")
+MODE_NAMES = {"a": "(a) literature default (Opacus MNIST), whole ε", "o": "(o) oracle grid, test-scored (not private)",
+              "b": "(b) random search + final", "d": f"(d) subsample f={FRACTION_D:g} search + final",
+              "s": "(s) linear scaling rule (Panda et al.) + final"}
+
+
+def eps_of(events: list[de.DpEvent]) -> float:
+    return epsilon(events, DELTA)
+
+
+def base_space() -> SearchSpace:
+    """The bench space with σ at 1 (not searched) and the default score noise."""
+    return bench_space(1.0, 20.0)
+
+
+def bench_space(sigma: float, score_noise: float, fraction: float = 1.0) -> SearchSpace:
+    """mnist.yaml with σ fixed (not searched) at ``sigma``; on a subsample the batch choices are B·f."""
+    import yaml
+
+    raw = yaml.safe_load(SPACE_PATH.read_text())
+    raw["dataset"]["path"] = str(MNIST)
+    raw["space"].pop("noise_multiplier")
+    raw["default"].pop("noise_multiplier")
+    raw["fixed"]["noise_multiplier"] = sigma
+    if os.environ.get(QUICK_ENV):  # smoke check only: fewer epochs everywhere
+        raw["fixed"]["epochs"] = float(os.environ[QUICK_ENV])
+    raw["privacy"] = {**raw["privacy"], "score_noise": float(score_noise)}
+    if fraction < 1:
+        bs = raw["space"]["batch_size"]
+        bs["choices"] = [max(1, round(b * fraction)) for b in bs["choices"]]
+        raw["default"]["batch_size"] = max(1, round(raw["default"]["batch_size"] * fraction))
+        raw["search"] = {**raw["search"], "tune_fraction": fraction}
+    return parse_space(raw, source=None)
+
+
+def search_event(space: SearchSpace, rule: StoppingRule, sigma: float) -> de.DpEvent:
+    """The search's charge exactly as dptune.search computes it (worst case over the space)."""
+    return plan_search(space, N_TRAIN, rule, sigma_low=sigma, compare=False).search_event
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    rule: StoppingRule
+    score_noise: float
+    fraction: float
+    sigma: float
+    event: Any
+    epsilon: float
+    source: str
+
+
+@dataclass(frozen=True)
+class ScaledPlan:
+    sigma2: float  # level 2 (σ₁ = 2σ₂)
+    events: tuple[Any, ...]
+    eps_levels: tuple[float, float]  # each level's training ε alone (the rule's x axis)
+    epsilon: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class EpsPlan:
+    epsilon: float
+    searches: dict[str, SearchPlan]
+    scaled: ScaledPlan
+    verdicts: dict[str, str]
+
+
+def _search_plan(eps: float, fraction: float) -> tuple[SearchPlan, str]:
+    probe = bench_space(1.0, 20.0, fraction)
+    adv = advise(probe, N_TRAIN, target_epsilon=eps, n_val=N_VAL, fractions=(fraction,), means=MEANS)
+    c = adv.best
+    if c is None or c.score_noise is None:
+        rule_name, sn, share, src = "poisson", 40.0, 0.5, f"fallback poisson(mean=2), σ_s 40, share 50% ({adv.verdict})"
+        from dptune.accounting import stopping_rule
+
+        rule = stopping_rule(rule_name, mean=2.0)
+    else:
+        rule, sn, share, src = c.stopping, float(c.score_noise), float(c.search_share), f"advise: {c.label()}"
+    sigma = calibrate_sigma(lambda s: eps_of([search_event(bench_space(s, sn, fraction), rule, s)]),
+                            target_epsilon=share * eps, lo=0.3, hi=2000.0, rel_tol=0.002)
+    assert sigma is not None, (eps, fraction)
+    ev = search_event(bench_space(sigma, sn, fraction), rule, sigma)
+    return SearchPlan(rule, sn, fraction, sigma, ev, eps_of([ev]), src), adv.verdict
+
+
+def _scaled_plan(eps: float) -> ScaledPlan:
+    b = SCALED_BATCH
+    q = sampling_rate(batch_size=b, basis=N_TRAIN)
+    steps = trial_steps(epochs=base_space().fixed.epochs, batch_size=b, basis=N_TRAIN)
+
+    def events(s2: float) -> list[de.DpEvent]:
+        return [trial_event(noise_multiplier=s, sampling_rate=q, steps=steps, score_noise=SCALED_SCORE_NOISE)
+                for s in (2 * s2, s2) for _ in SCALED_LRS]
+
+    s2 = calibrate_sigma(lambda s: eps_of(events(s)), target_epsilon=SCALED_SHARE * eps, lo=0.3, hi=2000.0,
+                         rel_tol=0.002)
+    assert s2 is not None
+    lv = tuple(eps_of([trial_event(noise_multiplier=s, sampling_rate=q, steps=steps, score_noise=None)])
+               for s in (2 * s2, s2))
+    evs = events(s2)
+    return ScaledPlan(s2, tuple(evs), (lv[0], lv[1]), eps_of(evs), steps)
+
+
+def make_plan(eps: float) -> EpsPlan:
+    b, vb = _search_plan(eps, 1.0)
+    d, vd = _search_plan(eps, FRACTION_D)
+    return EpsPlan(eps, {"b": b, "d": d}, _scaled_plan(eps), {"f=1": vb, f"f={FRACTION_D:g}": vd})
+
+
+# ---------------------------------------------------------------------------------------------------
+# tasks (worker processes)
+
+
+def _data(seed: int) -> tuple[Any, Any]:
+    import torch
+
+    from dptune.data import load_dataset
+
+    spec = dataclasses.replace(base_space().dataset, split_seed=seed)
+    data = load_dataset(spec)
+    assert (len(data.train[1]), len(data.val[1]), len(data.test[1])) == (N_TRAIN, N_VAL, 1000)
+    merged = dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
+                                              torch.cat([data.train[1], data.val[1]])))
+    return data, merged
+
+
+def _final(cfg: Any, prior: list[de.DpEvent], eps: float, merged: Any, seed: int) -> dict[str, Any]:
+    from dptune.dpsgd import run_trial
+
+    q = sampling_rate(batch_size=cfg.batch_size, basis=N_FINAL)
+    steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_FINAL)
+    sigma = calibrate_noise_multiplier(prior, sampling_rate=q, steps=steps, delta=DELTA, target_epsilon=eps)
+    ev = trial_event(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=None)
+    total = eps_of([*prior, ev])
+    assert total <= eps * (1 + 1e-9), f"composed ε {total} > target {eps}"
+    r = run_trial(cfg.replace(noise_multiplier=sigma, seed=1_000_003 * (seed + 1), score_noise=None), merged,
+                  evaluate_test=True)
+    assert r.steps == steps == r.noise_additions, (r.steps, steps)
+    return {"test": float(r.test_accuracy or 0.0), "sigma_final": sigma, "eps_final": eps_of([ev]),
+            "eps_total": total, "batch_size": cfg.batch_size, "lr": cfg.learning_rate, "diverged": r.diverged}
+
+
+def _random_search(plan: SearchPlan, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
+    from dptune._search.draw import make_draw
+    from dptune.data import poisson_subsample
+    from dptune.dpsgd import run_trial
+    from dptune.release import released_params, select_best
+    from dptune.trials import TrialRow
+
+    f = plan.fraction
+    space = bench_space(plan.sigma, plan.score_noise, f)
+    draw_seed = 7_919 * (seed + 1) + (0 if f == 1 else 1)
+    draw = make_draw(space, plan.rule, seed=draw_seed)
+    tune = data if f == 1 else poisson_subsample(data, f, seed=draw_seed + 17)
+    rows, trials = [], []
+    for t in draw.trials:
+        cfg = space.trial_config(t["params"], seed=int(t["seed"]))
+        r = run_trial(cfg, tune, sampling_basis=f * N_TRAIN if f < 1 else None)
+        assert r.steps == trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=f * N_TRAIN)
+        trials.append({"params": t["params"], "score": r.score, "val_raw": r.val_accuracy_raw})
+        rows.append(TrialRow(index=len(rows), params=t["params"], seed=str(t["seed"]), score=r.score))
+    params, _ = released_params(space, select_best(rows), N_TRAIN)
+    cfg = bench_space(plan.sigma, plan.score_noise).fixed.replace(**params)
+    return {"k": draw.k, "trials": trials, "eps_search": plan.epsilon, **_final(cfg, [plan.event], eps, merged, seed)}
+
+
+def scaled_lr(levels: tuple[float, float], best_r: tuple[float, float], eps_final: float, steps_final: int,
+              lo: float, hi: float) -> float:
+    """Panda et al.'s linear rule: r(ε) = a·ε + b through the two cheap levels (a ≥ 0), at the final ε."""
+    (e1, e2), (r1, r2) = levels, best_r
+    slope = max(0.0, (r2 - r1) / (e2 - e1))
+    r = r2 + slope * (eps_final - e2)
+    return float(min(hi, max(lo, r / steps_final)))
+
+
+def _scaled(plan: ScaledPlan, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
+    from dptune.dpsgd import run_trial
+
+    space = bench_space(1.0, SCALED_SCORE_NOISE)
+    b = SCALED_BATCH
+    trials, best_r = [], []
+    for level, sigma in enumerate((2 * plan.sigma2, plan.sigma2)):
+        scores = []
+        for j, lr in enumerate(SCALED_LRS):
+            cfg = space.fixed.replace(batch_size=b, learning_rate=lr, noise_multiplier=sigma,
+                                      seed=31_337 * (seed + 1) + 10 * level + j)
+            r = run_trial(cfg, data)
+            assert r.steps == plan.steps and r.applied_score_noise == SCALED_SCORE_NOISE
+            s = r.score if math.isfinite(r.score) else -math.inf
+            scores.append(s)
+            trials.append({"level": level, "lr": lr, "score": r.score, "val_raw": r.val_accuracy_raw})
+        best_r.append(SCALED_LRS[int(np.argmax(scores))] * plan.steps)
+    steps_f = trial_steps(epochs=space.fixed.epochs, batch_size=b, basis=N_FINAL)
+    q_f = sampling_rate(batch_size=b, basis=N_FINAL)
+    sigma_f = calibrate_noise_multiplier(list(plan.events), sampling_rate=q_f, steps=steps_f, delta=DELTA,
+                                         target_epsilon=eps)
+    eps_f = eps_of([trial_event(noise_multiplier=sigma_f, sampling_rate=q_f, steps=steps_f, score_noise=None)])
+    lr_spec = space.space["learning_rate"]
+    lr = scaled_lr(plan.eps_levels, (best_r[0], best_r[1]), eps_f, steps_f, lr_spec.low, lr_spec.high)
+    cfg = space.fixed.replace(batch_size=b, learning_rate=lr)
+    return {"trials": trials, "best_r": best_r, "eps_search": plan.epsilon,
+            **_final(cfg, list(plan.events), eps, merged, seed)}
+
+
+def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    data, merged = _data(seed)
+    eps = plan.epsilon
+    if task.startswith("grid"):
+        b, lr = ORACLE_GRID[int(task[4:])]
+        cfg = base_space().fixed.replace(batch_size=b, learning_rate=lr, groups=base_space().default.groups)
+        out = _final(cfg, [], eps, merged, seed)
+    elif task in ("b", "d"):
+        out = _random_search(plan.searches[task], eps, seed, data, merged)
+    else:
+        out = _scaled(plan.scaled, eps, seed, data, merged)
+    return {"epsilon": eps, "seed": seed, "task": task, "seconds": time.time() - t0, **out}
+
+
+# ---------------------------------------------------------------------------------------------------
+# statistics and report
+
+
+def mode_values(cell: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Per row: (a) = grid point 0 (the default), (o) = best grid point on test, the tuned modes."""
+    grid = [cell[f"grid{i}"]["test"] for i in range(len(ORACLE_GRID))]
+    return {"a": grid[0], "o": max(grid), "b": cell["b"]["test"], "d": cell["d"]["test"], "s": cell["s"]["test"]}
+
+
+def gap_share(tuned: np.ndarray, a: np.ndarray, o: np.ndarray, reps: int = 10_000) -> tuple[float, float, float]:
+    """(mean(tuned) − mean(a)) / (mean(o) − mean(a)) with a paired bootstrap 95 % CI over rows."""
+    def share(idx: np.ndarray) -> float:
+        den = float((o[idx] - a[idx]).mean())
+        return float((tuned[idx] - a[idx]).mean()) / den if den > 0 else math.nan
+
+    n = len(a)
+    rng = np.random.default_rng(2024)
+    boot = np.array([share(rng.integers(0, n, size=n)) for _ in range(reps)])
+    boot = boot[np.isfinite(boot)]
+    lo, hi = (np.percentile(boot, [2.5, 97.5]) if len(boot) else (math.nan, math.nan))
+    return share(np.arange(n)), float(lo), float(hi)
+
+
+def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str, dict[str, Any]]],
+           args: argparse.Namespace, elapsed: float, expected: int) -> str:
+    from tuning_value import paired_stats  # the digits bench's paired bootstrap + t-test
+
+    done = {k: v for k, v in cells.items() if len(v) == expected}
+    lines = ["# Does private tuning pay on MNIST? (bench/tuning_value.py --dataset mnist, issue 13)", "",
+             f"Status: {'complete' if len(done) == len(args.rows) else f'PARTIAL: {len(done)}/{len(args.rows)} rows'}"
+             f"; wall time {elapsed / 60:.1f} min ({args.jobs} workers, 1 torch thread each).", "",
+             f"Command: `{args.command}`", "", (__doc__ or "").split("\n\n", 1)[1].strip(), "",
+             "## Privacy per ε (every row's composed total asserted ≤ ε)", "",
+             "| ε | mode | plan | trial σ | search ε | final σ (rows) | composed total (max) |", "|---|---|---|---|---|---|---|"]
+    for eps, pl in plans.items():
+        rows = [v for (e, _), v in done.items() if e == eps]
+
+        def rng(task: str, key: str, rows: list[dict[str, dict[str, Any]]] = rows) -> str:
+            v = [r[task][key] for r in rows]
+            return "–" if not v else (f"{min(v):.3f}" if max(v) - min(v) < 5e-4 else f"{min(v):.3f}–{max(v):.3f}")
+
+        g0 = ", ".join(f"B {b} lr {lr:g}" for b, lr in ORACLE_GRID)
+        lines.append(f"| {eps:g} | a / o | no search; grid {g0} | – | 0 | {rng('grid0', 'sigma_final')} (a) | "
+                     f"{max([r[f'grid{i}']['eps_total'] for r in rows for i in range(len(ORACLE_GRID))], default=0):.4f} |")
+        for m in ("b", "d"):
+            s = pl.searches[m]
+            lines.append(f"| {eps:g} | {m} | {s.rule.label()}, σ_s {s.score_noise:.3g}, f {s.fraction:g} ({s.source}) | "
+                         f"{s.sigma:.2f} | {s.epsilon:.3f} | {rng(m, 'sigma_final')} | {rng(m, 'eps_total')} |")
+        sc = pl.scaled
+        lines.append(f"| {eps:g} | s | B {SCALED_BATCH}, lr {SCALED_LRS} at levels "
+                     f"ε {sc.eps_levels[0]:.3f} / {sc.eps_levels[1]:.3f}, σ_s {SCALED_SCORE_NOISE:g} | "
+                     f"{2 * sc.sigma2:.2f} / {sc.sigma2:.2f} | {sc.epsilon:.3f} | {rng('s', 'sigma_final')} | "
+                     f"{rng('s', 'eps_total')} |")
+    lines += ["", "Planner verdicts (dptune.plan's advise on the bench space): " + "; ".join(
+        f"ε {eps:g} {k}: {v}" for eps, pl in plans.items() for k, v in pl.verdicts.items()), ""]
+    lines += ["## Test accuracy, paired difference to (a), share of the oracle gap closed", "",
+              "| ε | mode | rows | test acc. % | − (a) [95 % CI] | paired t p | beats (a) | share of gap [95 % CI] |",
+              "|---|---|---|---|---|---|---|---|"]
+    for eps in plans:
+        rows = [mode_values(v) for (e, _), v in sorted(done.items()) if e == eps]
+        if not rows:
+            continue
+        col = {m: np.array([r[m] for r in rows]) for m in MODES}
+        for m in MODES:
+            v = col[m]
+            sd = f" ± {100 * v.std(ddof=1):.1f}" if len(v) > 1 else ""
+            if m == "a":
+                lines.append(f"| {eps:g} | {MODE_NAMES[m]} | {len(v)} | {100 * v.mean():.1f}{sd} | – | – | – | 0 |")
+                continue
+            mean, lo, hi, p = paired_stats(v - col["a"])
+            sig = "yes" if (lo > 0 and p < 0.05) else ("worse" if (hi < 0 and p < 0.05) else "no")
+            sh, slo, shi = gap_share(v, col["a"], col["o"]) if m != "o" else (1.0, 1.0, 1.0)
+            lines.append(f"| {eps:g} | {MODE_NAMES[m]} | {len(v)} | {100 * v.mean():.1f}{sd} | {100 * mean:+.1f} "
+                         f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {p:.3g} | {sig} | {sh:.2f} [{slo:.2f}, {shi:.2f}] |")
+    lines += ["", "## Per row", "", "| ε | seed | grid (test %, same order as the grid) | (b) K → released | "
+              "(d) K → released | (s) best r per level → final lr |", "|---|---|---|---|---|---|"]
+    for (eps, seed), v in sorted(done.items()):
+        grid = " ".join(f"{100 * v[f'grid{i}']['test']:.1f}" for i in range(len(ORACLE_GRID)))
+
+        def rel(x: dict[str, Any]) -> str:
+            return f"B {x['batch_size']} lr {x['lr']:.3g} → {100 * x['test']:.1f}"
+
+        lines.append(f"| {eps:g} | {seed} | {grid} | {v['b']['k']}: {rel(v['b'])} | {v['d']['k']}: {rel(v['d'])} | "
+                     f"{v['s']['best_r'][0]:.0f}, {v['s']['best_r'][1]:.0f}: {rel(v['s'])} |")
+    lines += ["", "Beats (a) = 95 % bootstrap CI of the paired mean difference excludes 0 and paired t-test p < 0.05. "
+              "Share of gap = (mean tuned − mean a) / (mean o − mean a), CI by a paired bootstrap over rows.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description="MNIST tuning-value bench (issue 13)")
+    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--epsilons", default="2,4,1")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="smoke check: 1 seed, ε = 4, 1 epoch (not a result)")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_mnist.md"))
+    args = p.parse_args(argv)
+    args.command = " ".join(["python", "bench/tuning_value.py", *argv])
+    if args.quick:
+        args.seeds, args.epsilons = 1, "4"
+        args.out = str(Path(args.out).with_suffix(".quick.md"))
+        os.environ[QUICK_ENV] = "1"
+    if not MNIST.is_dir():
+        print(f"{MNIST} is not here: this bench needs the real MNIST test split (see the issue)")
+        return 2
+    epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
+    t0 = time.time()
+    plans = {eps: make_plan(eps) for eps in epsilons}
+    for eps, pl in plans.items():
+        print(f"ε {eps:g}: " + "; ".join(f"({m}) {s.source} trial σ {s.sigma:.2f} search ε {s.epsilon:.3f}"
+                                         for m, s in pl.searches.items())
+              + f"; (s) σ₂ {pl.scaled.sigma2:.2f} levels {pl.scaled.eps_levels} cheap ε {pl.scaled.epsilon:.3f}",
+              flush=True)
+    tasks = [f"grid{i}" for i in range(len(ORACLE_GRID))] + ["b", "d", "s"]
+    args.rows = [(eps, s) for s in range(args.seeds) for eps in epsilons]
+    cells: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
+    out = Path(args.out)
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
+        futs: dict[Future[dict[str, Any]], tuple[float, int]] = {
+            ex.submit(run_task, plans[eps], s, t): (eps, s) for eps, s in args.rows for t in tasks}
+        pending = set(futs)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fu in finished:
+                r = fu.result()
+                cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
+                print(f"[{len(futs) - len(pending)}/{len(futs)}] ε {r['epsilon']:g} seed {r['seed']} {r['task']}: "
+                      f"test {100 * r['test']:.1f} ({r['seconds']:.0f} s, {(time.time() - t0) / 60:.1f} min)",
+                      flush=True)
+                out.write_text(report(plans, cells, args, time.time() - t0, len(tasks)))
+    text = report(plans, cells, args, time.time() - t0, len(tasks))
+    out.write_text(text)
+    print(text)
+    return 0
