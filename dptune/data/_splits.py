@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -31,16 +32,20 @@ class Splits:
     def example_digests(self) -> list[bytes]:
         """sha256 of every example (train ∪ validation ∪ test; image bytes + label, or the source record),
         sorted. Curator-side only (the ledger): an exact hash of private records decides membership of the
-        last one."""
+        last one. Computed once per Splits (the search needs them for the fingerprint and the ledger)."""
+        return list(self._sorted_digests)
+
+    @functools.cached_property
+    def _sorted_digests(self) -> tuple[bytes, ...]:
         if self.record_digests is not None:
-            return sorted(self.record_digests)
+            return tuple(sorted(self.record_digests))
         digests = []
         for x, y in (self.train, self.val, self.test):
             xa = x.detach().cpu().contiguous().numpy()
             ya = y.detach().cpu().numpy().astype(np.int64)
             for i in range(len(ya)):
                 digests.append(hashlib.sha256(xa[i].tobytes() + ya[i].tobytes()).digest())
-        return sorted(digests)
+        return tuple(sorted(digests))
 
     def pool_fingerprint(self) -> str:
         """sha256 over the *set* of all examples, independent of the split: the privacy ledger's key, so
