@@ -3,9 +3,11 @@
 
 release (best_config.yaml + certificate.json, ε recomputed) → the search's sealed record and ledger (the
 certificate must be that ledger's authenticated charge for that search) → data (fingerprint must match) →
-σ (released, or calibrated so search ⊕ training fits ``target_epsilon``) → ledger.reserve (durable, before
-training) → DP-SGD with a fresh 128-bit secret seed (sealed) → ledger.commit → model.pt, metrics.json,
-composed and re-bound certificate.json (shareable: no seed, no ledger row, no timing, no local path).
+σ (released, or calibrated so search ⊕ training fits ``target_epsilon``) → the model checked as the search
+checks it (``dpsgd.validate_model``: a model Opacus cannot train is exit 2, nothing charged) →
+ledger.reserve (durable, before training) → DP-SGD with a fresh 128-bit secret seed (sealed) → ledger.commit
+→ model.pt, metrics.json, composed and re-bound certificate.json (shareable: no seed, no ledger row, no
+timing, no local path).
 """
 
 from __future__ import annotations
@@ -180,6 +182,10 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
         print("WARNING: --seed fixes the final training's DP noise: NOT PRIVATE (tests/reproducibility only).",
               file=sys.stderr)
         composed = dataclasses.replace(composed, guarantee=guarantee(reproducible=True))
+    from dptune import dpsgd
+
+    # a model Opacus cannot train (BatchNorm, an unsupported layer, ...) is exit 2 here, nothing charged
+    dpsgd.validate_model(config, data.num_classes, data.input_shape)
     out.mkdir(parents=True, exist_ok=True)
     sealed = _SealedFinal(cur.run, out, seed)
     # rule 4: the charge is durable before training touches data; refused (nothing stored) if over budget —
@@ -189,8 +195,6 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
     print(f"dptune train: charged to the ledger before training: epsilon = {summary['epsilon_alone']:.4f} alone "
           f"(noise multiplier {config.noise_multiplier:.4f}, q = {summary['sampling_rate']:.4g}, "
           f"{summary['steps']} steps, n = {n})")
-    from dptune import dpsgd
-
     try:
         charged = TrialPoint(noise_multiplier=config.noise_multiplier, sampling_rate=summary["sampling_rate"],
                              steps=summary["steps"], score_noise=None)
