@@ -27,7 +27,7 @@ from typing import Any
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
 from dptune.certificate import Certificate, guarantee, verify_binding
-from dptune.config import DatasetSpec, TrialConfig
+from dptune.config import DatasetSpec, TrialConfig, later_defaults
 from dptune.errors import ConfigError
 from dptune.ledger import Ledger
 from dptune.release import Release, load_release
@@ -256,7 +256,8 @@ def _export_checkpoint(release: Release, data: Any, out: Path, device: str | Non
     from dptune import dpsgd
 
     ckpt = dpsgd.load_model(release.path / "best_checkpoint.pt")
-    trained = {k: v for k, v in dict(ckpt["config"]).items() if k != "seed"}
+    # a checkpoint from before a later field existed was trained at that field's default
+    trained = {**later_defaults(TrialConfig), **{k: v for k, v in dict(ckpt["config"]).items() if k != "seed"}}
     expected = release.config.to_public_dict()
     if trained != expected:
         raise ConfigError("best_checkpoint.pt", "was trained with another config than best_config.yaml",
