@@ -3,9 +3,11 @@
 
 release (best_config.yaml + certificate.json, ε recomputed) → the search's sealed record and ledger (the
 certificate must be that ledger's authenticated charge for that search) → data (fingerprint must match) →
-σ (released, or calibrated so search ⊕ training fits ``target_epsilon``) → ledger.reserve (durable, before
-training) → DP-SGD with a fresh 128-bit secret seed (sealed) → ledger.commit → model.pt, metrics.json,
-composed and re-bound certificate.json (shareable: no seed, no ledger row, no timing, no local path).
+σ (released, or calibrated so search ⊕ training fits ``target_epsilon``) → the model checked as the search
+checks it (``dpsgd.validate_model``: a model Opacus cannot train is exit 2, nothing charged) →
+ledger.reserve (durable, before training) → DP-SGD with a fresh 128-bit secret seed (sealed) → ledger.commit
+→ model.pt, metrics.json, composed and re-bound certificate.json (shareable: no seed, no ledger row, no
+timing, no local path).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
 from dptune.certificate import Certificate, guarantee, verify_binding
-from dptune.config import DatasetSpec, TrialConfig
+from dptune.config import DatasetSpec, TrialConfig, later_defaults
 from dptune.errors import ConfigError
 from dptune.ledger import Ledger
 from dptune.release import Release, load_release
@@ -180,6 +182,10 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
         print("WARNING: --seed fixes the final training's DP noise: NOT PRIVATE (tests/reproducibility only).",
               file=sys.stderr)
         composed = dataclasses.replace(composed, guarantee=guarantee(reproducible=True))
+    from dptune import dpsgd
+
+    # a model Opacus cannot train (BatchNorm, an unsupported layer, ...) is exit 2 here, nothing charged
+    dpsgd.validate_model(config, data.num_classes, data.input_shape)
     out.mkdir(parents=True, exist_ok=True)
     sealed = _SealedFinal(cur.run, out, seed)
     # rule 4: the charge is durable before training touches data; refused (nothing stored) if over budget —
@@ -189,8 +195,6 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
     print(f"dptune train: charged to the ledger before training: epsilon = {summary['epsilon_alone']:.4f} alone "
           f"(noise multiplier {config.noise_multiplier:.4f}, q = {summary['sampling_rate']:.4g}, "
           f"{summary['steps']} steps, n = {n})")
-    from dptune import dpsgd
-
     try:
         charged = TrialPoint(noise_multiplier=config.noise_multiplier, sampling_rate=summary["sampling_rate"],
                              steps=summary["steps"], score_noise=None)
@@ -252,7 +256,8 @@ def _export_checkpoint(release: Release, data: Any, out: Path, device: str | Non
     from dptune import dpsgd
 
     ckpt = dpsgd.load_model(release.path / "best_checkpoint.pt")
-    trained = {k: v for k, v in dict(ckpt["config"]).items() if k != "seed"}
+    # a checkpoint from before a later field existed was trained at that field's default
+    trained = {**later_defaults(TrialConfig), **{k: v for k, v in dict(ckpt["config"]).items() if k != "seed"}}
     expected = release.config.to_public_dict()
     if trained != expected:
         raise ConfigError("best_checkpoint.pt", "was trained with another config than best_config.yaml",

@@ -5,7 +5,8 @@ A trial config names its model with one string (``TrialConfig.model``) plus ``mo
 * a built-in: ``gn_cnn``, ``tanh_cnn``, ``resnet9``, ``wrn16_4``, ``mlp``;
 * ``torchvision:<name>``: a torchvision classification model, built with ``weights=None``;
 * ``factory:<package.module>:<function>``: ``function(num_classes, input_shape, groups, **model_kwargs)``
-  returning an ``nn.Module`` (the module must be importable on every node that runs trials).
+  returning an ``nn.Module`` (importable where the search starts: the search ships the module's top-level
+  package folder, or its single file, to Ray's workers; what it imports must be installed on every node).
 
 In a space file: ``model: {name: gn_cnn}``, ``model: {torchvision: resnet18, fix_batchnorm: true}`` or
 ``model: {factory: "pkg.mod:fn", kwargs: {width: 64}}``. Whether the model builds and passes Opacus'

@@ -21,8 +21,8 @@ from dptune import _specs
 from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
 from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
 
-__all__ = ["ConfigError", "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "load_space",
-           "nominal_train_size", "parse_space", "support_extremes", "support_values"]
+__all__ = ["ConfigError", "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "later_defaults",
+           "load_space", "nominal_train_size", "parse_space", "support_extremes", "support_values"]
 
 MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
@@ -193,6 +193,17 @@ class DatasetSpec:
     def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
         object.__setattr__(self, "features", _specs.check_dataset_fields(
             self.name, self.split, self.download, self.label, self.features, self.classes))
+
+
+# Fields added after releases were first written. A release, checkpoint or sealed run spec from before one
+# existed is read with it at its default, which is what ran then (no model kwargs, the official split, no
+# table); every other field must be present: a defaulted privacy or model setting would train something else.
+LATER_FIELDS = {"TrialConfig": ("model_kwargs",), "DatasetSpec": ("split", "download", "label", "features", "classes")}
+
+
+def later_defaults(cls: type[TrialConfig] | type[DatasetSpec]) -> dict[str, Any]:
+    """The fields of ``cls`` added after the first releases, at their defaults (fresh copies)."""
+    return {k: getattr(cls(), k) for k in LATER_FIELDS[cls.__name__]}
 
 
 @dataclass(frozen=True)

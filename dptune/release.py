@@ -27,7 +27,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting import Plan, transfer_config
 from dptune.certificate import Certificate, load_certificate
-from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig, coerce_value
+from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig, coerce_value, later_defaults
 from dptune.errors import ConfigError
 from dptune.trials import TrialRow
 
@@ -147,8 +147,10 @@ def load_release(path: str | Path) -> Release:
             raise ConfigError(f"best_config.config.{key}", "is internal to dptune and never released (a seed drove "
                               "a trial's noise; the sampling basis is the search's own)",
                               "remove it: use the file the search released, unmodified")
-    # every field must be given: a silently defaulted privacy or model setting would train something else
-    missing = sorted({f.name for f in dataclasses.fields(TrialConfig)} - set(INTERNAL_FIELDS) - set(cfg))
+    # every field must be given (a silently defaulted privacy or model setting would train something else),
+    # except those added since a release was written: read at their defaults, what ran before they existed
+    missing = sorted({f.name for f in dataclasses.fields(TrialConfig)} - set(INTERNAL_FIELDS) - set(cfg)
+                     - set(later_defaults(TrialConfig)))
     if missing:
         raise ConfigError(f"best_config.config.{missing[0]}", "is missing", "use the file the search released")
     config = TrialConfig.from_dict(cfg, where="best_config.config")
@@ -179,7 +181,7 @@ def _dataset_spec(raw: dict[str, Any]) -> DatasetSpec:
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ConfigError(f"best_config.dataset.{unknown[0]}", "unknown key", f"use one of: {', '.join(fields)}")
-    missing = sorted(set(fields) - set(raw))
+    missing = sorted(set(fields) - set(raw) - set(later_defaults(DatasetSpec)))
     if missing:
         raise ConfigError(f"best_config.dataset.{missing[0]}", "is missing", "use the file the search released")
     return DatasetSpec(**{k: coerce_value(f"best_config.dataset.{k}", v, fields[k].type) for k, v in raw.items()})

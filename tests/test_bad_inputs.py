@@ -120,6 +120,13 @@ def _bad_batch(d: Path) -> None:
     (d / "best_config.yaml").write_text(yaml.safe_dump(c))
 
 
+def _bn_model(d: Path) -> None:
+    """A release whose model Opacus cannot train (BatchNorm, no fix_batchnorm): refused before the reserve."""
+    c = yaml.safe_load((d / "best_config.yaml").read_text())
+    c["config"]["model"] = "torchvision:resnet18"
+    (d / "best_config.yaml").write_text(yaml.safe_dump(c))
+
+
 def _corrupt_cfg(d: Path) -> None:
     (d / "best_config.yaml").write_text("config: {unclosed")
 
@@ -216,6 +223,8 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
      "--ledger"),  # a ledger that never saw the search (issue item 19)
     ("train", lambda w: ["--release", str(w["release"]), "--out", str(w["base"] / "o12"), "--run",
                          str(w["base"])], "--release"),  # no sealed record of the search
+    ("train", lambda w: _train(w, _release_variant(w, "bn", _bn_model), "o13"),
+     "model: bn1 is BatchNorm"),  # validated as the search validates it, before the ledger reserves
     # report
     ("report", lambda w: [str(w["base"] / "no-run")], "run"),
     ("report", lambda w: [str(w["run"]), "--out", str(w["release"] / "report.html")], "--out"),  # item 20

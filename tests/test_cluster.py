@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from tests.conftest import ROOT, digits_seed_with_k, free_port, isolated_env_for, run_cli
 
@@ -87,6 +88,44 @@ def test_trials_ran_on_both_nodes(cluster: Cluster, search: tuple[Path, subproce
     trials = pq.read_table(base / "runs" / "mn" / "sealed" / "trials.parquet").to_pylist()
     assert len({t["node"] for t in trials}) == 2, [t["node"] for t in trials]
     assert all(t["steps"] > 0 and not t["crashed"] for t in trials), [t["error"] for t in trials]
+
+
+# "your model, your data": a factory model from a module this test writes, importable by the driver alone
+USER_NET = '''
+from torch import nn
+
+
+def net(num_classes, input_shape, groups, width=8):
+    c, h, w = input_shape
+    return nn.Sequential(nn.Conv2d(c, width, 3, padding=1), nn.GroupNorm(groups, width), nn.Tanh(),
+                         nn.Flatten(), nn.Linear(width * h * w, num_classes))
+'''
+
+
+@pytest.mark.parametrize("layout", ["package", "file"])
+def test_a_factory_model_only_the_driver_can_import_runs_on_both_nodes(cluster: Cluster, tmp_path: Path,
+                                                                       layout: str) -> None:
+    """The module is on the driver's PYTHONPATH only (the raylets' workers were started without it): a
+    package ships with Ray's runtime_env py_modules, a single-file module in a working_dir of its own."""
+    code = tmp_path / "code"
+    module = f"mymodels_{layout}"
+    target = code / module / "__init__.py" if layout == "package" else code / f"{module}.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(USER_NET)
+    raw = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
+    raw["model"] = {"factory": f"{module}:net", "kwargs": {"width": 8}}
+    space = tmp_path / "mine.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    r = run_cli(["-m", "dptune.search", "--space", str(space), "--name", "mine", "--runs-dir", str(tmp_path / "runs"),
+                 "--ledger", str(tmp_path / "l.sqlite"), "--budget-epsilon", "30", "--address", cluster.address,
+                 "--smoke-test", "--seed", str(digits_seed_with_k(2, 2))], {**cluster.env, "PYTHONPATH": str(code)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = tmp_path / "runs" / "mine"
+    trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()
+    assert len(trials) == 2 and all(t["steps"] > 0 and not t["crashed"] for t in trials), [t["error"] for t in trials]
+    assert len({t["node"] for t in trials}) == 2, [t["node"] for t in trials]
+    released = yaml.safe_load((run / "release" / "best_config.yaml").read_text())["config"]
+    assert released["model"] == f"factory:{module}:net" and released["model_kwargs"] == {"width": 8}
 
 
 def test_dashboard_lists_the_job_with_its_charge(cluster: Cluster,

@@ -260,3 +260,26 @@ def test_use_best_checkpoint_exports_without_charge(release: tuple[Path, Path], 
     model = torch.load(tmp_path / "o" / "model.pt", weights_only=True)
     assert "seed" not in model["config"]
     assert 0 <= json.loads((tmp_path / "o" / "metrics.json").read_text())["test_accuracy"] <= 1
+
+
+def test_an_older_release_and_checkpoint_export(release: tuple[Path, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A release and best checkpoint written before model_kwargs and the later dataset keys existed: read
+    with those fields at their defaults (what ran then), so the checkpoint matches its config."""
+    import torch
+
+    from dptune.config import DatasetSpec, TrialConfig, later_defaults
+
+    rel, ledger_path = release
+    old = _copy(rel, tmp_path)
+    doc = yaml.safe_load((old / "best_config.yaml").read_text())
+    for section, cls in (("config", TrialConfig), ("dataset", DatasetSpec)):
+        for name in later_defaults(cls):
+            del doc[section][name]
+    (old / "best_config.yaml").write_text(yaml.safe_dump(doc))
+    ckpt = torch.load(old / "best_checkpoint.pt", weights_only=True)
+    del ckpt["config"]["model_kwargs"]
+    torch.save(ckpt, old / "best_checkpoint.pt")
+    rc, out, err = _train(capsys, "--release", str(old), "--run", str(rel.parent), "--out", str(tmp_path / "o"),
+                          "--ledger", str(ledger_path), "--use-best-checkpoint")
+    assert rc == 0 and "no new charge" in out, err

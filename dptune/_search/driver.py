@@ -21,7 +21,7 @@ import optuna.distributions as od
 from dptune._search.draw import Draw, make_draw
 from dptune._search.options import RayOptions, check_token_file
 from dptune.accounting import Plan, plan_search
-from dptune.config import SearchSpace
+from dptune.config import DatasetSpec, SearchSpace, TrialConfig, later_defaults
 from dptune.errors import ConfigError, check_delta
 from dptune.ledger import Charge, Ledger
 from dptune.release import (
@@ -35,7 +35,7 @@ from dptune.release import (
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
 
-__all__ = ["SearchOutcome", "SearchRequest", "run_search", "run_spec"]
+__all__ = ["SearchOutcome", "SearchRequest", "run_search", "run_spec", "sealed_run_spec"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,16 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             "default": space.default.to_dict(), "privacy": dataclasses.asdict(space.privacy),
             "accounting": space.accounting, "searcher": space.searcher, "scheduler": space.scheduler,
             "tune_fraction": space.tune_fraction}
+
+
+def sealed_run_spec(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run spec sealed at reserve time, with the config fields added since then at their defaults (what
+    ran before they existed): a search sealed by an older dptune resumes if nothing else changed."""
+    out = dict(stored)
+    for key, cls in (("dataset", DatasetSpec), ("fixed", TrialConfig), ("default", TrialConfig)):
+        if isinstance(out.get(key), dict):
+            out[key] = {**later_defaults(cls), **out[key]}
+    return out
 
 
 def _sha(obj: Any) -> str:
@@ -166,8 +176,8 @@ def _resume(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
     if state.get("fingerprint") != p.fingerprint:
         raise ConfigError("--space", "the dataset differs from the one the search was charged for",
                           "resume with the same data")
-    changed = sorted(k for k in set(p.spec) | set(state.get("run_spec", {}))
-                     if p.spec.get(k) != state.get("run_spec", {}).get(k))
+    sealed = sealed_run_spec(state.get("run_spec", {}))
+    changed = sorted(k for k in set(p.spec) | set(sealed) if p.spec.get(k) != sealed.get(k))
     charge = ledger.charge(int(state["charge_id"]))
     if changed or event_sha256(p.plan.search_event) != event_sha256(charge.event):
         raise ConfigError("--resume", "what would run now differs from what was charged at reserve time "

@@ -37,11 +37,13 @@ class RaySession:
     def __init__(self, opts: RayOptions) -> None:
         self.opts = opts
         self.temp_dir: str | None = None
+        self.code_dir: str | None = None  # a single-file module's working_dir: ours to remove
         self.dashboard: str | None = None
 
     def __enter__(self) -> str | None:
         opts = self.opts
         runtime_env = _runtime_env(opts.py_modules)
+        self.code_dir = (runtime_env or {}).get("working_dir")
         job_config = ray.job_config.JobConfig(metadata=opts.job_metadata, runtime_env=runtime_env)
         check_token_file(create=not opts.address)
         if opts.address:
@@ -70,5 +72,6 @@ class RaySession:
     def __exit__(self, *exc: object) -> None:
         if ray.is_initialized():
             ray.shutdown()
-        if self.temp_dir:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        for folder in (self.temp_dir, self.code_dir):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)

@@ -6,13 +6,10 @@ too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical step
 Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),
 ``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
-<<<<<<< HEAD
-non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_audit`` (audit-only hooks:
-gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit`` uses them).
-=======
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
-checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step).
->>>>>>> data12
+checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step),
+``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit``
+uses them).
 """
 
 from dptune.dpsgd._audit import BUGS, AuditHooks

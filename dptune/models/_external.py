@@ -37,7 +37,8 @@ def factory_model(target: str, num_classes: int, input_shape: tuple[int, int, in
         module = importlib.import_module(module_name)
     except Exception as e:  # a user module's own import error is reported, not raised through
         raise ConfigError("model.factory", f"cannot import {module_name!r} ({type(e).__name__}: {e})",
-                          "install the module or put it on PYTHONPATH (on every node that runs trials)") from e
+                          "install the module or put it on PYTHONPATH where the search starts (the search "
+                          "ships it to Ray's workers; what it imports must be installed on every node)") from e
     fn = getattr(module, attr, None)
     if fn is None:
         raise ConfigError("model.factory", f"module {module_name!r} has no {attr!r}", fix)
