@@ -280,3 +280,20 @@ def test_tanh_cnn_the_mnist_literature_cnn_with_groupnorm() -> None:
     with pytest.raises(ConfigError) as e:
         build_model(TrialConfig(model="tanh_cnn", groups=3), 10, (1, 28, 28))
     assert e.value.field == "groups"
+
+
+def test_only_the_users_own_code_is_shipped_to_ray_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dptune._search.driver import user_modules
+
+    (tmp_path / "pkg_for_ray").mkdir()
+    (tmp_path / "pkg_for_ray" / "__init__.py").write_text("def net(*a, **k): ...\n")
+    (tmp_path / "single_for_ray.py").write_text("def net(*a, **k): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert user_modules("factory:pkg_for_ray:net") == (str((tmp_path / "pkg_for_ray").resolve()),)
+    assert user_modules("factory:single_for_ray:net") == (str((tmp_path / "single_for_ray.py").resolve()),)
+    # an installed package is on every node already: never uploaded (torchvision would be ~MBs per search)
+    assert user_modules("factory:torchvision.models:resnet18") == ()
+    assert user_modules("gn_cnn") == ()
+    with pytest.raises(ConfigError) as e:
+        user_modules("factory:no_such_module_here:net")
+    assert e.value.field == "model.factory"

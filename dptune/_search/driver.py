@@ -232,8 +232,20 @@ def user_modules(model: str) -> tuple[str, ...]:
     if spec is None or spec.origin is None:
         raise ConfigError("model.factory", f"module {top!r} cannot be imported here",
                           "put it on PYTHONPATH (or install it) on the machine that starts the search")
-    origin = Path(spec.origin)
+    origin = Path(spec.origin).resolve()
+    if _installed(origin):  # e.g. factory: torchvision.models:resnet18 — on every node already, never uploaded
+        return ()
     return (str(origin.parent if origin.name == "__init__.py" else origin),)
+
+
+def _installed(path: Path) -> bool:
+    """Inside an installed environment's library folders (site-packages, the standard library)."""
+    import site
+    import sysconfig
+
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    roots.update(site.getsitepackages())
+    return any(path.is_relative_to(Path(r).resolve()) for r in roots if r)
 
 
 def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> SearchOutcome:
