@@ -52,9 +52,9 @@ from dptune.accounting import (  # noqa: E402
     StoppingRule,
     advise,
     calibrate_noise_multiplier,
-    calibrate_sigma,
     epsilon,
     plan_search,
+    sigma_floor,
     stopping_rule,
     trial_event,
 )
@@ -137,13 +137,11 @@ def search_event(space: SearchSpace, rule: StoppingRule, sigma: float, fraction:
 
 
 def sigma_for_budget(space: SearchSpace, rule: StoppingRule, fraction: float, budget: float) -> float:
-    """Smallest trial σ (to 0.2 %) whose exact search event costs ≤ budget (dptune's calibrate_sigma)."""
-    def cost(s: float) -> float:
-        return eps_of(search_event(space, rule, s, fraction))
-
-    sigma = calibrate_sigma(cost, target_epsilon=budget, lo=0.3, hi=2000.0, rel_tol=0.002)
+    """Smallest trial σ (to 0.2 %) whose exact search event costs ≤ budget (dptune's sigma_floor)."""
+    sigma = sigma_floor(dataclasses.replace(space, tune_fraction=fraction), N_TRAIN, target_epsilon=budget,
+                        stopping=rule, tolerance=0.002)
     if sigma is None:
-        raise ConfigError("budget", f"the search cannot fit ε = {budget:.3g} even at σ = 2000",
+        raise ConfigError("budget", f"the search cannot fit ε = {budget:.3g} at any σ the planner tries",
                           "raise the budget or the score noise")
     return sigma
 

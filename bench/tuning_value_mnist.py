@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from dp_accounting import dp_event as de
 
 from dptune._params import sampling_rate, trial_steps
@@ -50,6 +52,8 @@ from dptune.accounting import (
     calibrate_sigma,
     epsilon,
     plan_search,
+    sigma_floor,
+    stopping_rule,
     trial_event,
 )
 from dptune.config import SearchSpace, parse_space
@@ -84,11 +88,14 @@ def base_space() -> SearchSpace:
     return bench_space(1.0, 20.0)
 
 
+@functools.cache
+def _space_text() -> str:
+    return SPACE_PATH.read_text()
+
+
 def bench_space(sigma: float, score_noise: float, fraction: float = 1.0) -> SearchSpace:
     """mnist.yaml with σ fixed (not searched) at ``sigma``; on a subsample the batch choices are B·f."""
-    import yaml
-
-    raw = yaml.safe_load(SPACE_PATH.read_text())
+    raw = yaml.safe_load(_space_text())
     raw["dataset"]["path"] = str(MNIST)
     raw["space"].pop("noise_multiplier")
     raw["default"].pop("noise_multiplier")
@@ -142,16 +149,15 @@ def _search_plan(eps: float, fraction: float) -> tuple[SearchPlan, str]:
     adv = advise(probe, N_TRAIN, target_epsilon=eps, n_val=N_VAL, fractions=(fraction,), means=MEANS)
     c = adv.best
     if c is None or c.score_noise is None:
-        rule_name, sn, share, src = "poisson", 40.0, 0.5, f"fallback poisson(mean=2), σ_s 40, share 50% ({adv.verdict})"
-        from dptune.accounting import stopping_rule
-
-        rule = stopping_rule(rule_name, mean=2.0)
+        rule, sn, share = stopping_rule("poisson", mean=2.0), 40.0, 0.5
+        src = f"fallback poisson(mean=2), σ_s 40, share 50% ({adv.verdict})"
     else:
         rule, sn, share, src = c.stopping, float(c.score_noise), float(c.search_share), f"advise: {c.label()}"
-    sigma = calibrate_sigma(lambda s: eps_of([search_event(bench_space(s, sn, fraction), rule, s)]),
-                            target_epsilon=share * eps, lo=0.3, hi=2000.0, rel_tol=0.002)
+    space = bench_space(1.0, sn, fraction)  # the trial σ is plan_search's sigma_low, not the space's
+    # the smallest trial σ whose search (dptune's own charge) fits the share, to 0.2 %
+    sigma = sigma_floor(space, N_TRAIN, target_epsilon=share * eps, stopping=rule, tolerance=0.002)
     assert sigma is not None, (eps, fraction)
-    ev = search_event(bench_space(sigma, sn, fraction), rule, sigma)
+    ev = search_event(space, rule, sigma)
     return SearchPlan(rule, sn, fraction, sigma, ev, eps_of([ev]), src), adv.verdict
 
 
@@ -283,7 +289,8 @@ def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
     eps = plan.epsilon
     if task.startswith("grid"):
         b, lr = ORACLE_GRID[int(task[4:])]
-        cfg = base_space().fixed.replace(batch_size=b, learning_rate=lr, groups=base_space().default.groups)
+        space = base_space()
+        cfg = space.fixed.replace(batch_size=b, learning_rate=lr, groups=space.default.groups)
         out = _final(cfg, [], eps, merged, seed)
     elif task in ("b", "d"):
         out = _random_search(plan.searches[task], eps, seed, data, merged)
