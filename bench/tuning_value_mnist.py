@@ -20,7 +20,16 @@ the non-private held-out measurement. Modes, paired per row (same split, same fi
      tried at two small ε levels (σ₁ = 2σ₂), each trial's noised validation score released; at each level the
      best r = lr·T; the line r(ε) = a·ε + b through the two points (slope ≥ 0: the rule's premise) extrapolated
      to the final run's own ε; charged by RDP composition of all 2·|SCALED_LRS| trials (training + score release)
-     and the final run — valid for adaptive choices.
+     and the final run — valid for adaptive choices;
+(n)  the noise-scaled rule (v2 of (s), ``--modes n``): B fixed at ``SCALED_BATCH``; final-run lr candidates
+     ``NOISE_LRS`` (the default's lr scaled linearly to B 256, × 2^k); the final run's σ_f is fixed in advance by
+     the budget, so each candidate L is tried at two cheap levels (σ₁ = 2σ₂) at lr L·σ_f/σ_level, i.e. with the
+     update noise lr·σ the final run would have; every trial's noised validation score released; the candidate
+     with the best sum over both levels is trained at σ_f. Charged like (s), by RDP composition of all cheap
+     trials and the final run (valid adaptively);
+(f)  the same trials, Panda et al.'s two-point fit in this parameterisation: each level's best candidate, the line
+     through them in (log σ, log lr) extrapolated to σ_f (clamped to the candidates' range). (n) is the primary,
+     declared before its first run; (f) is reported beside it, from the same released scores.
 
 Trials run in-process (``dptune.dpsgd.run_trial``), tasks spread over ``--jobs`` worker processes, torch at 1
 thread each; random-search draws come from dptune's ``make_draw`` with the secret seed replaced by the row's.
@@ -73,10 +82,17 @@ SCALED_BATCH = 256  # the default's B 64 x 4 (DP-SGD favours larger batches); 31
 SCALED_LRS = (0.2, 0.8, 3.2)  # around the linearly scaled default lr 0.1·256/64 = 0.4
 SCALED_SHARE = 0.4  # of the total ε, for the cheap trials (RDP composition)
 SCALED_SCORE_NOISE = 40.0  # std on the validation correct-count (1,000 examples: ±4 %)
-MODES = ("a", "o", "b", "d", "s")
+# (n) the noise-scaled rule (v2 of (s), fixed before any run of it): final-run lr candidates = the default's lr
+# scaled linearly to B 256 (0.4) x 2^k, k = -1..3; each cheap trial runs candidate L at lr L·σ_f/σ_level (the
+# same lr·σ, i.e. the same update noise, as the final run would have with L).
+NOISE_LRS = (0.2, 0.4, 0.8, 1.6, 3.2)
+NOISE_SHARE = 0.3
+MODES = ("a", "o", "b", "d", "s", "n", "f")
 MODE_NAMES = {"a": "(a) literature default (Opacus MNIST), whole ε", "o": "(o) oracle grid, test-scored (not private)",
               "b": "(b) random search + final", "d": f"(d) subsample f={FRACTION_D:g} search + final",
-              "s": "(s) linear scaling rule (Panda et al.) + final"}
+              "s": "(s) linear scaling rule (Panda et al.) + final",
+              "n": "(n) noise-scaled rule, pooled levels (primary v2) + final",
+              "f": "(f) noise-scaled rule, per-level fit in log σ + final"}
 
 
 def eps_of(events: list[de.DpEvent]) -> float:
@@ -137,10 +153,24 @@ class ScaledPlan:
 
 
 @dataclass(frozen=True)
+class NoisePlan:
+    sigmas: tuple[float, float]  # the two cheap levels (σ₁ = 2σ₂)
+    sigma_final: float  # the final run's σ after the cheap trials (B SCALED_BATCH on N_FINAL)
+    events: tuple[Any, ...]
+    epsilon: float  # the cheap trials' composed ε (training + score releases)
+    steps: int
+
+    def trial_lr(self, final_lr: float, level: int) -> float:
+        """The cheap trial's lr for final-run candidate ``final_lr``: the same lr·σ (update noise)."""
+        return final_lr * self.sigma_final / self.sigmas[level]
+
+
+@dataclass(frozen=True)
 class EpsPlan:
     epsilon: float
     searches: dict[str, SearchPlan]
     scaled: ScaledPlan
+    noise: NoisePlan
     verdicts: dict[str, str]
 
 
@@ -179,10 +209,30 @@ def _scaled_plan(eps: float) -> ScaledPlan:
     return ScaledPlan(s2, tuple(evs), (lv[0], lv[1]), eps_of(evs), steps)
 
 
+def _noise_plan(eps: float) -> NoisePlan:
+    b = SCALED_BATCH
+    q = sampling_rate(batch_size=b, basis=N_TRAIN)
+    steps = trial_steps(epochs=base_space().fixed.epochs, batch_size=b, basis=N_TRAIN)
+
+    def events(s2: float) -> list[de.DpEvent]:
+        return [trial_event(noise_multiplier=s, sampling_rate=q, steps=steps, score_noise=SCALED_SCORE_NOISE)
+                for s in (2 * s2, s2) for _ in NOISE_LRS]
+
+    s2 = calibrate_sigma(lambda s: eps_of(events(s)), target_epsilon=NOISE_SHARE * eps, lo=0.3, hi=2000.0,
+                         rel_tol=0.002)
+    assert s2 is not None
+    evs = events(s2)
+    sigma_f = calibrate_noise_multiplier(evs, sampling_rate=sampling_rate(batch_size=b, basis=N_FINAL),
+                                         steps=trial_steps(epochs=base_space().fixed.epochs, batch_size=b,
+                                                           basis=N_FINAL), delta=DELTA, target_epsilon=eps)
+    return NoisePlan((2 * s2, s2), sigma_f, tuple(evs), eps_of(evs), steps)
+
+
 def make_plan(eps: float) -> EpsPlan:
     b, vb = _search_plan(eps, 1.0)
     d, vd = _search_plan(eps, FRACTION_D)
-    return EpsPlan(eps, {"b": b, "d": d}, _scaled_plan(eps), {"f=1": vb, f"f={FRACTION_D:g}": vd})
+    return EpsPlan(eps, {"b": b, "d": d}, _scaled_plan(eps), _noise_plan(eps),
+                   {"f=1": vb, f"f={FRACTION_D:g}": vd})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -280,6 +330,44 @@ def _scaled(plan: ScaledPlan, eps: float, seed: int, data: Any, merged: Any) -> 
             **_final(cfg, list(plan.events), eps, merged, seed)}
 
 
+def noise_choices(scores: np.ndarray, sigmas: tuple[float, float], sigma_f: float) -> tuple[float, float]:
+    """(pooled, fit) final lrs from the cheap scores (rows = levels, columns = ``NOISE_LRS``).
+
+    pooled: the candidate with the best summed score over both levels (the rule's premise: at equal update noise
+    lr·σ the best candidate is the same at every σ). fit: each level's best candidate, the line through them in
+    (log σ, log lr) extrapolated to σ_f (Panda et al.'s two-point fit in this parameterisation), clamped to the
+    candidates' range."""
+    pooled = NOISE_LRS[int(np.argmax(scores.sum(axis=0)))]
+    l1, l2 = (math.log(NOISE_LRS[int(np.argmax(row))]) for row in scores)
+    s1, s2 = math.log(sigmas[0]), math.log(sigmas[1])
+    fit = l2 + (l2 - l1) / (s2 - s1) * (math.log(sigma_f) - s2)
+    return pooled, float(min(max(math.exp(fit), NOISE_LRS[0]), NOISE_LRS[-1]))
+
+
+def _noise_scaled(plan: NoisePlan, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
+    from dptune.dpsgd import run_trial
+
+    space = bench_space(1.0, SCALED_SCORE_NOISE)
+    trials, scores = [], np.full((2, len(NOISE_LRS)), -math.inf)
+    for level, sigma in enumerate(plan.sigmas):
+        for j, lr_f in enumerate(NOISE_LRS):
+            cfg = space.fixed.replace(batch_size=SCALED_BATCH, learning_rate=plan.trial_lr(lr_f, level),
+                                      noise_multiplier=sigma, seed=27_449 * (seed + 1) + 10 * level + j)
+            r = run_trial(cfg, data)
+            assert r.steps == plan.steps and r.applied_score_noise == SCALED_SCORE_NOISE
+            if math.isfinite(r.score):
+                scores[level, j] = r.score
+            trials.append({"level": level, "lr_final": lr_f, "lr": cfg.learning_rate, "score": r.score,
+                           "val_raw": r.val_accuracy_raw})
+    pooled, fit = noise_choices(scores, plan.sigmas, plan.sigma_final)
+    out: dict[str, Any] = {"trials": trials, "eps_search": plan.epsilon}
+    for mode, lr in (("n", pooled), ("f", fit)):
+        cfg = space.fixed.replace(batch_size=SCALED_BATCH, learning_rate=lr)
+        out[mode] = _final(cfg, list(plan.events), eps, merged, seed)
+        assert abs(out[mode]["sigma_final"] - plan.sigma_final) < 1e-9
+    return out
+
+
 def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
     import torch
 
@@ -294,6 +382,9 @@ def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
         out = _final(cfg, [], eps, merged, seed)
     elif task in ("b", "d"):
         out = _random_search(plan.searches[task], eps, seed, data, merged)
+    elif task == "n":
+        out = _noise_scaled(plan.noise, eps, seed, data, merged)
+        out["test"] = out["n"]["test"]
     else:
         out = _scaled(plan.scaled, eps, seed, data, merged)
     return {"epsilon": eps, "seed": seed, "task": task, "seconds": time.time() - t0, **out}
@@ -303,10 +394,19 @@ def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
 # statistics and report
 
 
+TASK_MODES = {"b": ("b",), "d": ("d",), "s": ("s",), "n": ("n", "f")}  # task -> the modes it measures
+
+
 def mode_values(cell: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Per row: (a) = grid point 0 (the default), (o) = best grid point on test, the tuned modes."""
+    """Per row: (a) = grid point 0 (the default), (o) = best grid point on test, the tuned modes run."""
     grid = [cell[f"grid{i}"]["test"] for i in range(len(ORACLE_GRID))]
-    return {"a": grid[0], "o": max(grid), "b": cell["b"]["test"], "d": cell["d"]["test"], "s": cell["s"]["test"]}
+    out = {"a": grid[0], "o": max(grid)}
+    for m in ("b", "d", "s"):
+        if m in cell:
+            out[m] = cell[m]["test"]
+    if "n" in cell:
+        out["n"], out["f"] = cell["n"]["n"]["test"], cell["n"]["f"]["test"]
+    return out
 
 
 def gap_share(tuned: np.ndarray, a: np.ndarray, o: np.ndarray, reps: int = 10_000) -> tuple[float, float, float]:
@@ -323,11 +423,61 @@ def gap_share(tuned: np.ndarray, a: np.ndarray, o: np.ndarray, reps: int = 10_00
     return share(np.arange(n)), float(lo), float(hi)
 
 
+def _privacy_rows(eps: float, pl: EpsPlan, rows: list[dict[str, dict[str, Any]]], tasks: list[str]) -> list[str]:
+    def rng(get: Any) -> str:
+        v = [get(r) for r in rows]
+        return "–" if not v else (f"{min(v):.3f}" if max(v) - min(v) < 5e-4 else f"{min(v):.3f}–{max(v):.3f}")
+
+    g0 = ", ".join(f"B {b} lr {lr:g}" for b, lr in ORACLE_GRID)
+    top = max([r[f"grid{i}"]["eps_total"] for r in rows for i in range(len(ORACLE_GRID))], default=0)
+    out = [f"| {eps:g} | a / o | no search; grid {g0} | – | 0 | {rng(lambda r: r['grid0']['sigma_final'])} (a) | "
+           f"{top:.4f} |"]
+    for m in ("b", "d"):
+        if m in tasks:
+            s = pl.searches[m]
+            out.append(f"| {eps:g} | {m} | {s.rule.label()}, σ_s {s.score_noise:.3g}, f {s.fraction:g} ({s.source}) | "
+                       f"{s.sigma:.2f} | {s.epsilon:.3f} | {rng(lambda r, m=m: r[m]['sigma_final'])} | "
+                       f"{rng(lambda r, m=m: r[m]['eps_total'])} |")
+    if "s" in tasks:
+        sc = pl.scaled
+        out.append(f"| {eps:g} | s | B {SCALED_BATCH}, lr {SCALED_LRS} at levels "
+                   f"ε {sc.eps_levels[0]:.3f} / {sc.eps_levels[1]:.3f}, σ_s {SCALED_SCORE_NOISE:g} | "
+                   f"{2 * sc.sigma2:.2f} / {sc.sigma2:.2f} | {sc.epsilon:.3f} | "
+                   f"{rng(lambda r: r['s']['sigma_final'])} | {rng(lambda r: r['s']['eps_total'])} |")
+    if "n" in tasks:
+        nz = pl.noise
+        out.append(f"| {eps:g} | n / f | B {SCALED_BATCH}, final-lr candidates {NOISE_LRS}, each at trial lr "
+                   f"L·σ_f/σ_level, 2 levels, share {NOISE_SHARE:.0%}, σ_s {SCALED_SCORE_NOISE:g} | "
+                   f"{nz.sigmas[0]:.2f} / {nz.sigmas[1]:.2f} | {nz.epsilon:.3f} | {nz.sigma_final:.3f} | "
+                   f"{rng(lambda r: max(r['n']['n']['eps_total'], r['n']['f']['eps_total']))} |")
+    return out
+
+
+def _row_line(eps: float, seed: int, v: dict[str, dict[str, Any]], tasks: list[str]) -> str:
+    def rel(x: dict[str, Any]) -> str:
+        return f"B {x['batch_size']} lr {x['lr']:.3g} → {100 * x['test']:.1f}"
+
+    cols = [" ".join(f"{100 * v[f'grid{i}']['test']:.1f}" for i in range(len(ORACLE_GRID)))]
+    for t in ("b", "d"):
+        if t in tasks:
+            cols.append(f"{v[t]['k']}: {rel(v[t])}")
+    if "s" in tasks:
+        cols.append(f"{v['s']['best_r'][0]:.0f}, {v['s']['best_r'][1]:.0f}: {rel(v['s'])}")
+    if "n" in tasks:
+        sc = np.full((2, len(NOISE_LRS)), math.nan)
+        for t in v["n"]["trials"]:
+            sc[t["level"], NOISE_LRS.index(t["lr_final"])] = 100 * t["score"]
+        cols.append(" / ".join(" ".join(f"{x:.0f}" for x in row) for row in sc)
+                    + f" → n {rel(v['n']['n'])}, f {rel(v['n']['f'])}")
+    return f"| {eps:g} | {seed} | " + " | ".join(cols) + " |"
+
+
 def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str, dict[str, Any]]],
-           args: argparse.Namespace, elapsed: float, expected: int) -> str:
+           args: argparse.Namespace, elapsed: float, tasks: list[str]) -> str:
     from tuning_value import paired_stats  # the digits bench's paired bootstrap + t-test
 
-    done = {k: v for k, v in cells.items() if len(v) == expected}
+    done = {k: v for k, v in cells.items() if len(v) == len(tasks)}
+    modes = ["a", "o"] + [m for t in ("b", "d", "s", "n") if t in tasks for m in TASK_MODES[t]]
     lines = ["# Does private tuning pay on MNIST? (bench/tuning_value.py --dataset mnist, issue 13)", "",
              f"Status: {'complete' if len(done) == len(args.rows) else f'PARTIAL: {len(done)}/{len(args.rows)} rows'}"
              f"; wall time {elapsed / 60:.1f} min ({args.jobs} workers, 1 torch thread each).", "",
@@ -335,35 +485,19 @@ def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str,
              "## Privacy per ε (every row's composed total asserted ≤ ε)", "",
              "| ε | mode | plan | trial σ | search ε | final σ (rows) | composed total (max) |", "|---|---|---|---|---|---|---|"]
     for eps, pl in plans.items():
-        rows = [v for (e, _), v in done.items() if e == eps]
-
-        def rng(task: str, key: str, rows: list[dict[str, dict[str, Any]]] = rows) -> str:
-            v = [r[task][key] for r in rows]
-            return "–" if not v else (f"{min(v):.3f}" if max(v) - min(v) < 5e-4 else f"{min(v):.3f}–{max(v):.3f}")
-
-        g0 = ", ".join(f"B {b} lr {lr:g}" for b, lr in ORACLE_GRID)
-        lines.append(f"| {eps:g} | a / o | no search; grid {g0} | – | 0 | {rng('grid0', 'sigma_final')} (a) | "
-                     f"{max([r[f'grid{i}']['eps_total'] for r in rows for i in range(len(ORACLE_GRID))], default=0):.4f} |")
-        for m in ("b", "d"):
-            s = pl.searches[m]
-            lines.append(f"| {eps:g} | {m} | {s.rule.label()}, σ_s {s.score_noise:.3g}, f {s.fraction:g} ({s.source}) | "
-                         f"{s.sigma:.2f} | {s.epsilon:.3f} | {rng(m, 'sigma_final')} | {rng(m, 'eps_total')} |")
-        sc = pl.scaled
-        lines.append(f"| {eps:g} | s | B {SCALED_BATCH}, lr {SCALED_LRS} at levels "
-                     f"ε {sc.eps_levels[0]:.3f} / {sc.eps_levels[1]:.3f}, σ_s {SCALED_SCORE_NOISE:g} | "
-                     f"{2 * sc.sigma2:.2f} / {sc.sigma2:.2f} | {sc.epsilon:.3f} | {rng('s', 'sigma_final')} | "
-                     f"{rng('s', 'eps_total')} |")
-    lines += ["", "Planner verdicts (dptune.plan's advise on the bench space): " + "; ".join(
-        f"ε {eps:g} {k}: {v}" for eps, pl in plans.items() for k, v in pl.verdicts.items()), ""]
-    lines += ["## Test accuracy, paired difference to (a), share of the oracle gap closed", "",
+        lines += _privacy_rows(eps, pl, [v for (e, _), v in done.items() if e == eps], tasks)
+    if "b" in tasks or "d" in tasks:
+        lines += ["", "Planner verdicts (dptune.plan's advise on the bench space): " + "; ".join(
+            f"ε {eps:g} {k}: {v}" for eps, pl in plans.items() for k, v in pl.verdicts.items())]
+    lines += ["", "## Test accuracy, paired difference to (a), share of the oracle gap closed", "",
               "| ε | mode | rows | test acc. % | − (a) [95 % CI] | paired t p | beats (a) | share of gap [95 % CI] |",
               "|---|---|---|---|---|---|---|---|"]
     for eps in plans:
         rows = [mode_values(v) for (e, _), v in sorted(done.items()) if e == eps]
         if not rows:
             continue
-        col = {m: np.array([r[m] for r in rows]) for m in MODES}
-        for m in MODES:
+        col = {m: np.array([r[m] for r in rows]) for m in modes}
+        for m in modes:
             v = col[m]
             sd = f" ± {100 * v.std(ddof=1):.1f}" if len(v) > 1 else ""
             if m == "a":
@@ -374,16 +508,11 @@ def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str,
             sh, slo, shi = gap_share(v, col["a"], col["o"]) if m != "o" else (1.0, 1.0, 1.0)
             lines.append(f"| {eps:g} | {MODE_NAMES[m]} | {len(v)} | {100 * v.mean():.1f}{sd} | {100 * mean:+.1f} "
                          f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {p:.3g} | {sig} | {sh:.2f} [{slo:.2f}, {shi:.2f}] |")
-    lines += ["", "## Per row", "", "| ε | seed | grid (test %, same order as the grid) | (b) K → released | "
-              "(d) K → released | (s) best r per level → final lr |", "|---|---|---|---|---|---|"]
-    for (eps, seed), v in sorted(done.items()):
-        grid = " ".join(f"{100 * v[f'grid{i}']['test']:.1f}" for i in range(len(ORACLE_GRID)))
-
-        def rel(x: dict[str, Any]) -> str:
-            return f"B {x['batch_size']} lr {x['lr']:.3g} → {100 * x['test']:.1f}"
-
-        lines.append(f"| {eps:g} | {seed} | {grid} | {v['b']['k']}: {rel(v['b'])} | {v['d']['k']}: {rel(v['d'])} | "
-                     f"{v['s']['best_r'][0]:.0f}, {v['s']['best_r'][1]:.0f}: {rel(v['s'])} |")
+    heads = ["grid (test %, same order as the grid)"] + [h for t, h in (
+        ("b", "(b) K → released"), ("d", "(d) K → released"), ("s", "(s) best r per level → final lr"),
+        ("n", "(n/f) noised scores % per level (σ₁ row / σ₂ row, candidates in order) → released")) if t in tasks]
+    lines += ["", "## Per row", "", "| ε | seed | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+    lines += [_row_line(eps, seed, v, tasks) for (eps, seed), v in sorted(done.items())]
     lines += ["", "Beats (a) = 95 % bootstrap CI of the paired mean difference excludes 0 and paired t-test p < 0.05. "
               "Share of gap = (mean tuned − mean a) / (mean o − mean a), CI by a paired bootstrap over rows.", ""]
     return "\n".join(lines)
@@ -395,6 +524,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--epsilons", default="2,4,1")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--first-seed", type=int, default=0, help="split seeds first-seed .. first-seed + seeds - 1")
+    p.add_argument("--modes", default="b,d,s", help="tuned modes to run beside (a)/(o): any of b,d,s,n")
     p.add_argument("--quick", action="store_true", help="smoke check: 1 seed, ε = 4, 1 epoch (not a result)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_mnist.md"))
     args = p.parse_args(argv)
@@ -414,8 +545,12 @@ def main(argv: list[str]) -> int:
                                          for m, s in pl.searches.items())
               + f"; (s) σ₂ {pl.scaled.sigma2:.2f} levels {pl.scaled.eps_levels} cheap ε {pl.scaled.epsilon:.3f}",
               flush=True)
-    tasks = [f"grid{i}" for i in range(len(ORACLE_GRID))] + ["b", "d", "s"]
-    args.rows = [(eps, s) for s in range(args.seeds) for eps in epsilons]
+    tuned = [m for m in args.modes.split(",") if m]
+    if not set(tuned) <= set(TASK_MODES):
+        print(f"--modes: unknown {sorted(set(tuned) - set(TASK_MODES))}; choose from {','.join(TASK_MODES)}")
+        return 2
+    tasks = tuned + [f"grid{i}" for i in range(len(ORACLE_GRID))]  # the long tuned tasks first
+    args.rows = [(eps, s) for s in range(args.first_seed, args.first_seed + args.seeds) for eps in epsilons]
     cells: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
     out = Path(args.out)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
@@ -430,8 +565,8 @@ def main(argv: list[str]) -> int:
                 print(f"[{len(futs) - len(pending)}/{len(futs)}] ε {r['epsilon']:g} seed {r['seed']} {r['task']}: "
                       f"test {100 * r['test']:.1f} ({r['seconds']:.0f} s, {(time.time() - t0) / 60:.1f} min)",
                       flush=True)
-                out.write_text(report(plans, cells, args, time.time() - t0, len(tasks)))
-    text = report(plans, cells, args, time.time() - t0, len(tasks))
+                out.write_text(report(plans, cells, args, time.time() - t0, tasks))
+    text = report(plans, cells, args, time.time() - t0, tasks)
     out.write_text(text)
     print(text)
     return 0
