@@ -28,8 +28,12 @@ the non-private held-out measurement. Modes, paired per row (same split, same fi
      with the best sum over both levels is trained at σ_f. Charged like (s), by RDP composition of all cheap
      trials and the final run (valid adaptively);
 (f)  the same trials, Panda et al.'s two-point fit in this parameterisation: each level's best candidate, the line
-     through them in (log σ, log lr) extrapolated to σ_f (clamped to the candidates' range). (n) is the primary,
-     declared before its first run; (f) is reported beside it, from the same released scores.
+     through them in (log σ, log lr) extrapolated to σ_f (clamped to the candidates' range), from the same scores;
+(g)  the noise-scaled rule at one cheap level (``--modes g``; the design dptune's search runs): each candidate
+     once at σ_c (calibrated so that the |candidates| trials cost the same share), lr L·σ_f/σ_c, the best
+     noised score wins. (g) is the primary mode, declared before the first run of (g), (n) or (f) on the
+     evaluation seeds; (n) and (f) are reported beside it. Every row's results are kept in the .json beside the
+     report (``--reuse`` takes the (a)/(o) grid of matching rows from such a file instead of rerunning it).
 
 Trials run in-process (``dptune.dpsgd.run_trial``), tasks spread over ``--jobs`` worker processes, torch at 1
 thread each; random-search draws come from dptune's ``make_draw`` with the secret seed replaced by the row's.
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import os
 import time
@@ -87,12 +92,13 @@ SCALED_SCORE_NOISE = 40.0  # std on the validation correct-count (1,000 examples
 # same lr·σ, i.e. the same update noise, as the final run would have with L).
 NOISE_LRS = (0.2, 0.4, 0.8, 1.6, 3.2)
 NOISE_SHARE = 0.3
-MODES = ("a", "o", "b", "d", "s", "n", "f")
+MODES = ("a", "o", "b", "d", "s", "n", "f", "g")
 MODE_NAMES = {"a": "(a) literature default (Opacus MNIST), whole ε", "o": "(o) oracle grid, test-scored (not private)",
               "b": "(b) random search + final", "d": f"(d) subsample f={FRACTION_D:g} search + final",
               "s": "(s) linear scaling rule (Panda et al.) + final",
-              "n": "(n) noise-scaled rule, pooled levels (primary v2) + final",
-              "f": "(f) noise-scaled rule, per-level fit in log σ + final"}
+              "n": "(n) noise-scaled rule, two levels pooled + final",
+              "f": "(f) noise-scaled rule, per-level fit in log σ + final",
+              "g": "(g) noise-scaled rule, one cheap level (primary; dptune's design) + final"}
 
 
 def eps_of(events: list[de.DpEvent]) -> float:
@@ -166,11 +172,24 @@ class NoisePlan:
 
 
 @dataclass(frozen=True)
+class OneLevelPlan:
+    sigma: float  # the cheap trials' σ_c
+    sigma_final: float
+    events: tuple[Any, ...]
+    epsilon: float
+    steps: int
+
+    def trial_lr(self, final_lr: float) -> float:
+        return final_lr * self.sigma_final / self.sigma
+
+
+@dataclass(frozen=True)
 class EpsPlan:
     epsilon: float
     searches: dict[str, SearchPlan]
     scaled: ScaledPlan
     noise: NoisePlan
+    one: OneLevelPlan
     verdicts: dict[str, str]
 
 
@@ -228,10 +247,29 @@ def _noise_plan(eps: float) -> NoisePlan:
     return NoisePlan((2 * s2, s2), sigma_f, tuple(evs), eps_of(evs), steps)
 
 
+def _one_level_plan(eps: float) -> OneLevelPlan:
+    b, epochs = SCALED_BATCH, base_space().fixed.epochs
+    q = sampling_rate(batch_size=b, basis=N_TRAIN)
+    steps = trial_steps(epochs=epochs, batch_size=b, basis=N_TRAIN)
+
+    def events(sigma: float) -> list[de.DpEvent]:
+        return [trial_event(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=SCALED_SCORE_NOISE)
+                for _ in NOISE_LRS]
+
+    sc = calibrate_sigma(lambda x: eps_of(events(x)), target_epsilon=NOISE_SHARE * eps, lo=0.3, hi=2000.0,
+                         rel_tol=0.002)
+    assert sc is not None
+    evs = events(sc)
+    sigma_f = calibrate_noise_multiplier(evs, sampling_rate=sampling_rate(batch_size=b, basis=N_FINAL),
+                                         steps=trial_steps(epochs=epochs, batch_size=b, basis=N_FINAL),
+                                         delta=DELTA, target_epsilon=eps)
+    return OneLevelPlan(sc, sigma_f, tuple(evs), eps_of(evs), steps)
+
+
 def make_plan(eps: float) -> EpsPlan:
     b, vb = _search_plan(eps, 1.0)
     d, vd = _search_plan(eps, FRACTION_D)
-    return EpsPlan(eps, {"b": b, "d": d}, _scaled_plan(eps), _noise_plan(eps),
+    return EpsPlan(eps, {"b": b, "d": d}, _scaled_plan(eps), _noise_plan(eps), _one_level_plan(eps),
                    {"f=1": vb, f"f={FRACTION_D:g}": vd})
 
 
@@ -368,6 +406,24 @@ def _noise_scaled(plan: NoisePlan, eps: float, seed: int, data: Any, merged: Any
     return out
 
 
+def _one_level(plan: OneLevelPlan, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
+    from dptune.dpsgd import run_trial
+
+    space = bench_space(1.0, SCALED_SCORE_NOISE)
+    trials, scores = [], []
+    for j, lr_f in enumerate(NOISE_LRS):
+        cfg = space.fixed.replace(batch_size=SCALED_BATCH, learning_rate=plan.trial_lr(lr_f),
+                                  noise_multiplier=plan.sigma, seed=52_711 * (seed + 1) + j)
+        r = run_trial(cfg, data)
+        assert r.steps == plan.steps and r.applied_score_noise == SCALED_SCORE_NOISE
+        scores.append(r.score if math.isfinite(r.score) else -math.inf)
+        trials.append({"lr_final": lr_f, "lr": cfg.learning_rate, "score": r.score, "val_raw": r.val_accuracy_raw})
+    cfg = space.fixed.replace(batch_size=SCALED_BATCH, learning_rate=NOISE_LRS[int(np.argmax(scores))])
+    out = _final(cfg, list(plan.events), eps, merged, seed)
+    assert abs(out["sigma_final"] - plan.sigma_final) < 1e-9
+    return {"trials": trials, "eps_search": plan.epsilon, **out}
+
+
 def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
     import torch
 
@@ -385,6 +441,8 @@ def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
     elif task == "n":
         out = _noise_scaled(plan.noise, eps, seed, data, merged)
         out["test"] = out["n"]["test"]
+    elif task == "g":
+        out = _one_level(plan.one, eps, seed, data, merged)
     else:
         out = _scaled(plan.scaled, eps, seed, data, merged)
     return {"epsilon": eps, "seed": seed, "task": task, "seconds": time.time() - t0, **out}
@@ -394,14 +452,14 @@ def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
 # statistics and report
 
 
-TASK_MODES = {"b": ("b",), "d": ("d",), "s": ("s",), "n": ("n", "f")}  # task -> the modes it measures
+TASK_MODES = {"g": ("g",), "n": ("n", "f"), "b": ("b",), "d": ("d",), "s": ("s",)}  # task -> the modes it measures
 
 
 def mode_values(cell: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Per row: (a) = grid point 0 (the default), (o) = best grid point on test, the tuned modes run."""
     grid = [cell[f"grid{i}"]["test"] for i in range(len(ORACLE_GRID))]
     out = {"a": grid[0], "o": max(grid)}
-    for m in ("b", "d", "s"):
+    for m in ("b", "d", "s", "g"):
         if m in cell:
             out[m] = cell[m]["test"]
     if "n" in cell:
@@ -444,6 +502,11 @@ def _privacy_rows(eps: float, pl: EpsPlan, rows: list[dict[str, dict[str, Any]]]
                    f"ε {sc.eps_levels[0]:.3f} / {sc.eps_levels[1]:.3f}, σ_s {SCALED_SCORE_NOISE:g} | "
                    f"{2 * sc.sigma2:.2f} / {sc.sigma2:.2f} | {sc.epsilon:.3f} | "
                    f"{rng(lambda r: r['s']['sigma_final'])} | {rng(lambda r: r['s']['eps_total'])} |")
+    if "g" in tasks:
+        g = pl.one
+        out.append(f"| {eps:g} | g | B {SCALED_BATCH}, final-lr candidates {NOISE_LRS}, each once at trial lr "
+                   f"L·σ_f/σ_c, share {NOISE_SHARE:.0%}, σ_s {SCALED_SCORE_NOISE:g} | {g.sigma:.2f} | "
+                   f"{g.epsilon:.3f} | {g.sigma_final:.3f} | {rng(lambda r: r['g']['eps_total'])} |")
     if "n" in tasks:
         nz = pl.noise
         out.append(f"| {eps:g} | n / f | B {SCALED_BATCH}, final-lr candidates {NOISE_LRS}, each at trial lr "
@@ -458,6 +521,8 @@ def _row_line(eps: float, seed: int, v: dict[str, dict[str, Any]], tasks: list[s
         return f"B {x['batch_size']} lr {x['lr']:.3g} → {100 * x['test']:.1f}"
 
     cols = [" ".join(f"{100 * v[f'grid{i}']['test']:.1f}" for i in range(len(ORACLE_GRID)))]
+    if "g" in tasks:
+        cols.append(" ".join(f"{100 * t['score']:.0f}" for t in v["g"]["trials"]) + f" → {rel(v['g'])}")
     for t in ("b", "d"):
         if t in tasks:
             cols.append(f"{v[t]['k']}: {rel(v[t])}")
@@ -477,7 +542,7 @@ def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str,
     from tuning_value import paired_stats  # the digits bench's paired bootstrap + t-test
 
     done = {k: v for k, v in cells.items() if len(v) == len(tasks)}
-    modes = ["a", "o"] + [m for t in ("b", "d", "s", "n") if t in tasks for m in TASK_MODES[t]]
+    modes = ["a", "o"] + [m for t in ("g", "n", "b", "d", "s") if t in tasks for m in TASK_MODES[t]]
     lines = ["# Does private tuning pay on MNIST? (bench/tuning_value.py --dataset mnist, issue 13)", "",
              f"Status: {'complete' if len(done) == len(args.rows) else f'PARTIAL: {len(done)}/{len(args.rows)} rows'}"
              f"; wall time {elapsed / 60:.1f} min ({args.jobs} workers, 1 torch thread each).", "",
@@ -509,7 +574,7 @@ def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str,
             lines.append(f"| {eps:g} | {MODE_NAMES[m]} | {len(v)} | {100 * v.mean():.1f}{sd} | {100 * mean:+.1f} "
                          f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {p:.3g} | {sig} | {sh:.2f} [{slo:.2f}, {shi:.2f}] |")
     heads = ["grid (test %, same order as the grid)"] + [h for t, h in (
-        ("b", "(b) K → released"), ("d", "(d) K → released"), ("s", "(s) best r per level → final lr"),
+        ("g", "(g) noised scores % (candidates in order) → released"), ("b", "(b) K → released"), ("d", "(d) K → released"), ("s", "(s) best r per level → final lr"),
         ("n", "(n/f) noised scores % per level (σ₁ row / σ₂ row, candidates in order) → released")) if t in tasks]
     lines += ["", "## Per row", "", "| ε | seed | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
     lines += [_row_line(eps, seed, v, tasks) for (eps, seed), v in sorted(done.items())]
@@ -525,7 +590,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--epsilons", default="2,4,1")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--first-seed", type=int, default=0, help="split seeds first-seed .. first-seed + seeds - 1")
-    p.add_argument("--modes", default="b,d,s", help="tuned modes to run beside (a)/(o): any of b,d,s,n")
+    p.add_argument("--modes", default="b,d,s", help="tuned modes to run beside (a)/(o): any of g,n,b,d,s")
+    p.add_argument("--reuse", help="a .json this bench wrote: take its (a)/(o) grid results of matching rows")
     p.add_argument("--quick", action="store_true", help="smoke check: 1 seed, ε = 4, 1 epoch (not a result)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_mnist.md"))
     args = p.parse_args(argv)
@@ -552,10 +618,16 @@ def main(argv: list[str]) -> int:
     tasks = tuned + [f"grid{i}" for i in range(len(ORACLE_GRID))]  # the long tuned tasks first
     args.rows = [(eps, s) for s in range(args.first_seed, args.first_seed + args.seeds) for eps in epsilons]
     cells: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
+    if args.reuse:
+        for r in json.loads(Path(args.reuse).read_text()):
+            if (r["epsilon"], r["seed"]) in args.rows and r["task"].startswith("grid"):
+                cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
     out = Path(args.out)
+    record = out.with_suffix(".json")
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
         futs: dict[Future[dict[str, Any]], tuple[float, int]] = {
-            ex.submit(run_task, plans[eps], s, t): (eps, s) for eps, s in args.rows for t in tasks}
+            ex.submit(run_task, plans[eps], s, t): (eps, s) for eps, s in args.rows for t in tasks
+            if t not in cells.get((eps, s), {})}
         pending = set(futs)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -566,6 +638,7 @@ def main(argv: list[str]) -> int:
                       f"test {100 * r['test']:.1f} ({r['seconds']:.0f} s, {(time.time() - t0) / 60:.1f} min)",
                       flush=True)
                 out.write_text(report(plans, cells, args, time.time() - t0, tasks))
+                record.write_text(json.dumps([r for c in cells.values() for r in c.values()], indent=0))
     text = report(plans, cells, args, time.time() - t0, tasks)
     out.write_text(text)
     print(text)
