@@ -156,9 +156,12 @@ def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple
         except ConfigError as e:
             raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
         config = config.replace(noise_multiplier=sigma)
+    if release.lr_times_sigma is not None:  # the scaled searcher's rule, at the σ this run has
+        config = config.replace(learning_rate=release.lr_times_sigma / config.noise_multiplier)
     event = trial_event(noise_multiplier=config.noise_multiplier, sampling_rate=q, steps=steps, score_noise=None)
     summary = {"noise_multiplier": config.noise_multiplier, "sampling_rate": q, "steps": steps,
                "epochs": config.epochs, "batch_size": config.batch_size, "n_train": n,
+               "learning_rate": config.learning_rate,
                "train_on_validation": bool(req.train_on_validation), "target_epsilon": req.target_epsilon,
                "epsilon_alone": epsilon([event], cert.delta)}
     return config, event, summary

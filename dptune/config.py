@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,16 +18,18 @@ import yaml
 
 from dptune import _specs
 from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
-from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
+from dptune._space_checks import check_adaptive, check_privacy
+from dptune.errors import ConfigError, check_positive, check_unit_interval
 
-__all__ = ["ConfigError", "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "later_defaults",
-           "load_space", "nominal_train_size", "parse_space", "support_extremes", "support_values"]
+__all__ = ["ConfigError", "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "check_adaptive",
+           "check_privacy", "later_defaults", "load_space", "nominal_train_size", "parse_space", "support_extremes",
+           "support_values"]
 
 MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
 CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost")
 ACCOUNTING_MODES = ("random_stopping", "composed")
-SEARCHERS = ("random", "tpe")
+SEARCHERS = ("random", "tpe", "scaled")
 SCHEDULERS = ("fifo", "asha")
 # Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
 # the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
@@ -136,10 +137,6 @@ def coerce_value(name: str, value: Any, type_: Any) -> Any:
     return value
 
 
-def _positive(name: str, value: float, fix: str) -> None:
-    check_positive(name, value, fix)
-
-
 def _check_trial(c: TrialConfig) -> None:
     _specs.check_model(c.model)
     _specs.check_model_kwargs(c.model_kwargs)
@@ -150,10 +147,10 @@ def _check_trial(c: TrialConfig) -> None:
                           f"use one of: {', '.join(CLIPPING_MODES)}")
     if not isinstance(c.groups, int) or c.groups < 1:
         raise ConfigError("groups", f"{c.groups!r} must be a positive integer", "choose e.g. 4, 8, 16 or 32")
-    _positive("noise_multiplier", c.noise_multiplier, "choose sigma > 0, e.g. 1.0")
-    _positive("max_grad_norm", c.max_grad_norm, "choose a clip norm > 0, e.g. 1.0")
-    _positive("learning_rate", c.learning_rate, "choose a learning rate > 0, e.g. 0.5 for SGD, 1e-3 for NAdam")
-    _positive("epochs", c.epochs, "choose epochs > 0")
+    check_positive("noise_multiplier", c.noise_multiplier, "choose sigma > 0, e.g. 1.0")
+    check_positive("max_grad_norm", c.max_grad_norm, "choose a clip norm > 0, e.g. 1.0")
+    check_positive("learning_rate", c.learning_rate, "choose a learning rate > 0, e.g. 0.5 for SGD, 1e-3 for NAdam")
+    check_positive("epochs", c.epochs, "choose epochs > 0")
     if not isinstance(c.batch_size, int) or c.batch_size < 1:
         raise ConfigError("batch_size", f"{c.batch_size!r} must be a positive integer", "choose e.g. 128")
     if not isinstance(c.physical_batch_size, int) or c.physical_batch_size < 1:
@@ -168,7 +165,7 @@ def _check_trial(c: TrialConfig) -> None:
     if c.ema_decay is not None and not 0 < c.ema_decay < 1:
         raise ConfigError("ema_decay", f"{c.ema_decay!r} is not in (0, 1)", "use e.g. 0.999, or null for off")
     if c.score_noise is not None:
-        _positive("score_noise", c.score_noise,
+        check_positive("score_noise", c.score_noise,
                   "choose a noise std > 0 for the released correct-count, or declare the validation split public")
 
 
@@ -198,10 +195,11 @@ class DatasetSpec:
 # Fields added after releases were first written. A release, checkpoint or sealed run spec from before one
 # existed is read with it at its default, which is what ran then (no model kwargs, the official split, no
 # table); every other field must be present: a defaulted privacy or model setting would train something else.
-LATER_FIELDS = {"TrialConfig": ("model_kwargs",), "DatasetSpec": ("split", "download", "label", "features", "classes")}
+LATER_FIELDS = {"TrialConfig": ("model_kwargs",), "DatasetSpec": ("split", "download", "label", "features", "classes"),
+                "PrivacySpec": ("search_share",)}
 
 
-def later_defaults(cls: type[TrialConfig] | type[DatasetSpec]) -> dict[str, Any]:
+def later_defaults(cls: type[TrialConfig] | type[DatasetSpec] | type[PrivacySpec]) -> dict[str, Any]:
     """The fields of ``cls`` added after the first releases, at their defaults (fresh copies)."""
     return {k: getattr(cls(), k) for k in LATER_FIELDS[cls.__name__]}
 
@@ -216,6 +214,7 @@ class PrivacySpec:
     # the total ε the curator plans for search + final training (the search prints the final-training
     # command calibrated to it); None: the curator chooses at final training
     target_epsilon: float | None = None
+    search_share: float | None = None  # the scaled searcher: share of target_epsilon for its cheap trials
 
 
 @dataclass(frozen=True)
@@ -359,40 +358,3 @@ def nominal_train_size(spec: DatasetSpec) -> int | None:
     """Training-split size known without reading the data (digits: 1797 images; the torchvision datasets'
     official splits, e.g. MNIST's test split: 10,000, less the held-out splits); None for folders and tables."""
     return _specs.nominal_train_size(spec.name, spec.split, spec.validation_size, spec.test_size)
-
-
-def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
-    # privacy.stopping names a rule of dptune.accounting's catalogue, which checks it and its mean/eta
-    # (stopping_rule(...), called by every CLI before anything is charged)
-    check_delta("privacy.delta", p.delta)
-    if not (math.isfinite(p.mean) and p.mean >= 1):
-        raise ConfigError("privacy.mean", f"{p.mean!r} is < 1", "choose a mean number of trials >= 1")
-    if not (math.isfinite(p.eta) and p.eta >= 0):
-        raise ConfigError("privacy.eta", f"{p.eta!r} is negative", "choose eta >= 0 (0 logarithmic, 1 geometric)")
-    if not public_validation and p.score_noise is None:
-        raise ConfigError("privacy.score_noise", "a private validation score needs noise",
-                          "set privacy.score_noise > 0, or dataset.public_validation: true")
-    if p.score_noise is not None and not (math.isfinite(p.score_noise) and p.score_noise > 0):
-        raise ConfigError("privacy.score_noise", f"{p.score_noise!r} must be > 0", "choose e.g. 6.0")
-    if p.target_epsilon is not None:
-        check_positive("privacy.target_epsilon", p.target_epsilon, "give the total ε for search + final training, "
-                       "e.g. 8, or leave it out")
-
-
-def check_adaptive(s: SearchSpace) -> None:
-    """Rule 7: adaptive search is not covered by random stopping."""
-    adaptive = [x for x in (s.searcher, s.scheduler) if x in ("tpe", "asha")]
-    if adaptive and s.accounting != "composed":
-        raise ConfigError(
-            "search.accounting",
-            f"{'/'.join(a.upper() for a in adaptive)} is adaptive: trials depend on earlier private scores, "
-            "which the Papernot-Steinke random-stopping theorem does not cover",
-            "use search.accounting: composed (every trial charged by composition, fixed trial count) "
-            "or the random searcher with the fifo scheduler",
-        )
-    if s.accounting == "composed" and s.privacy.stopping != "composed":
-        raise ConfigError("privacy.stopping", f"{s.privacy.stopping!r} with composed accounting",
-                          "set privacy.stopping: composed and privacy.mean to the number of trials")
-    if s.accounting == "random_stopping" and s.privacy.stopping == "composed":
-        raise ConfigError("search.accounting", "random_stopping with privacy.stopping: composed",
-                          "set search.accounting: composed")

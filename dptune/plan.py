@@ -32,6 +32,7 @@ from dptune.accounting import (
     StoppingRule,
     TrialPoint,
     advise,
+    advise_scaled,
     alternative_rules,
     epsilon,
     plan_search,
@@ -72,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target-epsilon", type=float, help="also find the smallest noise-multiplier lower bound that fits")
     p.add_argument("--tune-fraction", type=float,
                    help="run the search on a Poisson subsample of this fraction of the training data (0 < f <= 1)")
+    p.add_argument("--accuracy-spread", type=float, default=0.10,
+                   help="advice prior: std of validation accuracy across the space's configs (default 0.10)")
+    p.add_argument("--loss-per-doubling", type=float, default=0.15,
+                   help="advice prior: accuracy lost when the final model's noise-to-signal doubles (default 0.15)")
+    p.add_argument("--min-gain", type=float, default=0.005,
+                   help="advice: the smallest expected gain (accuracy) worth a search (default 0.005)")
+    p.add_argument("--baseline", help="scaled searcher: a space file whose default config is the no-search "
+                   "alternative (default: this space's own default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", help="also draw epsilon vs mean trials per stopping rule to this PNG file")
     return p
@@ -133,6 +142,8 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
             raise ConfigError("--delta", f"{args.delta!r} is not in (0, 1)", "choose e.g. 1e-5")
         space = _replace_privacy(space, delta=args.delta)
     check_privacy(space.privacy, space.dataset.public_validation)
+    if space.searcher == "scaled" and args.target_epsilon is not None:  # the scaled plan is sized from it
+        space = _replace_privacy(space, target_epsilon=args.target_epsilon)
     if args.tune_fraction is not None:
         space = dataclasses.replace(space, tune_fraction=args.tune_fraction)
     try:
@@ -183,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         out = _summary(plan)
         if space is not None:
             out["tune_fraction"] = space.tune_fraction
-        if args.target_epsilon is not None:
+        if space is not None and space.searcher == "scaled":
+            out["scaled"] = _scaled_json(args, space, plan.n_train)
+        elif args.target_epsilon is not None:
             if space is None:
                 space = _explicit_space(args, plan)
             # the exact charge the search will pay (plan_search, subsampled when tune_fraction < 1)
@@ -192,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
             out["target_epsilon"] = args.target_epsilon
             out["noise_multiplier_floor"] = floor
             if args.space:
-                out["advice"] = _advice_json(advise(space, plan.n_train, target_epsilon=args.target_epsilon))
+                pr = _priors(args)
+                out["advice"] = _advice_json(advise(
+                    space, plan.n_train, target_epsilon=args.target_epsilon, accuracy_spread=pr["accuracy_spread"],
+                    loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"]))
         if args.plot:
             if not args.plot.lower().endswith(".png") or not Path(args.plot).resolve().parent.is_dir():
                 raise ConfigError("--plot", f"{args.plot!r} is not a .png path in an existing folder",
@@ -220,6 +236,35 @@ def _explicit_space(args: argparse.Namespace, plan: Plan) -> SearchSpace:
                         score_noise=args.score_noise)
     privacy = PrivacySpec(delta=args.delta, score_noise=args.score_noise)
     return SearchSpace("explicit", DatasetSpec(public_validation=args.score_noise is None), fixed, {}, fixed, privacy)
+
+
+def _priors(args: argparse.Namespace) -> dict[str, float]:
+    for flag, value in (("--accuracy-spread", args.accuracy_spread), ("--loss-per-doubling", args.loss_per_doubling)):
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(flag, f"{value!r} must be > 0", "give a prior from a public proxy task, e.g. 0.02")
+    if not (math.isfinite(args.min_gain) and args.min_gain >= 0):
+        raise ConfigError("--min-gain", f"{args.min_gain!r} must be >= 0", "choose e.g. 0.005 (half a point)")
+    return {"accuracy_spread": args.accuracy_spread, "loss_per_noise_doubling": args.loss_per_doubling,
+            "min_gain": args.min_gain}
+
+
+def _scaled_json(args: argparse.Namespace, space: SearchSpace, n_train: int) -> dict[str, Any]:
+    """The scaled searcher's trials, final run and verdict (``privacy.target_epsilon`` or --target-epsilon)."""
+    try:
+        baseline = load_space(args.baseline).default if args.baseline else None
+    except ConfigError as e:
+        raise ConfigError("--baseline", f"{args.baseline}: {e.field}: {e.problem}", e.fix) from e
+    pr = _priors(args)
+    a = advise_scaled(space, n_train, baseline=baseline, accuracy_spread=pr["accuracy_spread"],
+                      loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"])
+    p = a.plan
+    return {"target_epsilon": a.target_epsilon, "search_epsilon": a.search_epsilon, "trial_noise_multiplier":
+            p.trial_sigma, "trials": [{"candidate": c, "trial_learning_rate": p.trial_learning_rate(c)}
+                                      for c in p.candidates],
+            "final_noise_multiplier": p.final_sigma, "final_n": p.final_n, "baseline": args.baseline or "default",
+            "baseline_noise_multiplier": a.baseline_sigma, "noise_ratio": a.noise_ratio, "transfer": a.transfer,
+            "expected_gain": a.expected_gain, "proxy": a.proxy, "pays": a.pays, "verdict": a.verdict,
+            "priors": {**a.priors, "min_gain": a.min_gain}}
 
 
 def _advice_json(a: Advice, top: int = 10) -> dict[str, Any]:
@@ -275,6 +320,20 @@ def _print(out: dict[str, Any]) -> None:
             print(f"target epsilon {out['target_epsilon']:g}: noise_multiplier lower bound >= {floor:.4f}")
     if "advice" in out:
         _print_advice(out["advice"])
+    if "scaled" in out:
+        _print_scaled(out["scaled"])
+
+
+def _print_scaled(s: dict[str, Any]) -> None:
+    print(f"\nscaled searcher, total epsilon {s['target_epsilon']:g} (search {s['search_epsilon']:.4f} + final run, "
+          "composed in RDP):")
+    print(f"  {len(s['trials'])} cheap trials at noise multiplier {s['trial_noise_multiplier']:.4g}; final run on "
+          f"{s['final_n']} examples (train + validation) at {s['final_noise_multiplier']:.4g}")
+    print("  final-run candidate lr -> cheap trial's lr (same update noise lr x sigma): " + ", ".join(
+        f"{t['candidate']:g} -> {t['trial_learning_rate']:.4g}" for t in s["trials"]))
+    print(f"  baseline ({s['baseline']}): trained once with the whole budget at noise multiplier "
+          f"{s['baseline_noise_multiplier']:.4g}")
+    print(("  " if s["pays"] else "  NOTE: ") + s["verdict"])
 
 
 callable_module(__name__, "plan")  # dptune.plan(...) is the API function, module or not

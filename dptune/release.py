@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from dp_accounting import dp_event as de
 
-from dptune.accounting import Plan, transfer_config
+from dptune.accounting import Plan, ScaledPlan, transfer_config
 from dptune.certificate import Certificate, load_certificate
 from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig, coerce_value, later_defaults
 from dptune.errors import ConfigError
@@ -40,23 +40,30 @@ def select_best(rows: Sequence[TrialRow]) -> TrialRow | None:
     return max(rows, key=lambda r: r.rank_key) if rows else None
 
 
-def released_params(space: SearchSpace, best: TrialRow | None, n_train: int) -> tuple[dict[str, Any], float | None]:
+def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
+                    scaled: ScaledPlan | None = None) -> tuple[dict[str, Any], float | None]:
     """(searched hyperparameters, score) to release. K = 0: the default config and no score.
 
     With ``search.tune_fraction`` f < 1 the trial ran on a Poisson subsample at q = B/(f·n); the transfer
     rule keeps q (batch size B/f on the full data), epochs, learning rate and σ (``transfer_config``).
+    The scaled searcher releases the final run's learning-rate candidate its best trial stood for (trial i
+    ran candidate i at the cheap σ) and the final σ the budget leaves.
     """
     if best is None:
         return {k: getattr(space.default, k) for k in space.space}, None
     params = dict(best.params)
+    if scaled is not None:
+        params = {"learning_rate": scaled.candidates[best.index], "noise_multiplier": scaled.final_sigma}
     if space.tune_fraction < 1:
         params = transfer_config(params, fraction=space.tune_fraction, n_train=n_train)
     score = best.rank_key[0]
     return params, (None if score == float("-inf") else float(score))
 
 
-def release_document(space: SearchSpace, params: dict[str, Any], score: float | None) -> dict[str, Any]:
-    """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one)."""
+def release_document(space: SearchSpace, params: dict[str, Any], score: float | None, *,
+                     scaled: ScaledPlan | None = None) -> dict[str, Any]:
+    """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one). The
+    scaled searcher's release adds its rule: final training sets lr = lr_times_sigma / σ."""
     private = not space.dataset.public_validation
     doc: dict[str, Any] = {
         "released_by": "dptune.search",
@@ -71,11 +78,15 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
     }
     if space.tune_fraction < 1:
         doc["tuned_on_fraction"] = space.tune_fraction
+    if scaled is not None:
+        doc["scaling_rule"] = {"lr_times_sigma": scaled.lr_times_sigma(params["learning_rate"]),
+                               "rule": "learning_rate = lr_times_sigma / noise_multiplier of the final run "
+                                       "(Panda et al. 2024 linear scaling rule, one cheap level)"}
     return doc
 
 
 def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent, *, dataset_id: str,
-                       reproducible: bool, created: str) -> Certificate:
+                       reproducible: bool, created: str, scaled: ScaledPlan | None = None) -> Certificate:
     """The search's certificate. Its event is the one the ledger charged at reserve time (a resumed
     search was checked to plan the same event); the plan supplies only descriptive details."""
     details: dict[str, Any] = {
@@ -83,6 +94,9 @@ def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent
         "n_train": plan.n_train, "trial_epsilon": plan.trial_epsilon, "search_epsilon": plan.search_epsilon,
         "worst_case": [dataclasses.asdict(p) for p in plan.points],
     }
+    if scaled is not None:
+        details["scaled"] = {"trial_noise_multiplier": scaled.trial_sigma, "candidates": list(scaled.candidates),
+                             "planned_final_noise_multiplier": scaled.final_sigma, "planned_final_n": scaled.final_n}
     if space.tune_fraction < 1:
         details.update({
             "tune_fraction": space.tune_fraction, "subsample_rule": "Poisson, drawn once from the sealed seed",
@@ -127,6 +141,7 @@ class Release:
     dataset: DatasetSpec
     config: TrialConfig  # seed 0 here: final training draws its own
     certificate: Certificate
+    lr_times_sigma: float | None = None  # the scaled searcher's rule: final lr = lr_times_sigma / σ
 
 
 def load_release(path: str | Path) -> Release:
@@ -159,7 +174,18 @@ def load_release(path: str | Path) -> Release:
     if delta != cert.delta:
         raise ConfigError("best_config.privacy.delta", f"{delta!r} differs from the certificate's δ = {cert.delta:g}",
                           "use the release's files together, unmodified")
-    return Release(root, dataset, config, cert)
+    return Release(root, dataset, config, cert, _scaling_rule(raw))
+
+
+def _scaling_rule(raw: dict[str, Any]) -> float | None:
+    rule = raw.get("scaling_rule")
+    if rule is None:
+        return None
+    value = rule.get("lr_times_sigma") if isinstance(rule, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ConfigError("best_config.scaling_rule.lr_times_sigma", f"{value!r} is not a positive number",
+                          "use the file the search released, unmodified")
+    return float(value)
 
 
 def _read_yaml(cfg_file: Path) -> dict[str, Any]:

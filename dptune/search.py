@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-epsilon", type=float, help="set the dataset's budget if it has none yet")
     p.add_argument("--budget-delta", type=float, help="δ of that budget (default: the space's δ)")
     p.add_argument("--accounting", choices=["random_stopping", "composed"], help="override search.accounting")
-    p.add_argument("--searcher", choices=["random", "tpe"], help="override search.searcher")
+    p.add_argument("--searcher", choices=["random", "tpe", "scaled"], help="override search.searcher")
     p.add_argument("--trials", type=int, help="number of trials under composed accounting")
     p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start a local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
@@ -193,6 +193,10 @@ def _print_release(req: SearchRequest, out: Any) -> None:
               "dptune.train reports on the test split")
     else:
         print("  score:  none (no trial was drawn: the space's default config is released)")
+    rule = release.get("scaling_rule")
+    if rule is not None:
+        print(f"  rule:   the final run sets learning_rate = {rule['lr_times_sigma']:.4g} / its noise multiplier "
+              "(the update noise the winning trial had)")
     print(f"  privacy: epsilon = {out.epsilon:.4f}, delta = {out.delta:g}, {out.stopping}")
     print(f"  files:  {rel}/best_config.yaml, {rel}/certificate.json")
     target = req.space.privacy.target_epsilon

@@ -85,8 +85,10 @@ class Draw:
         return cls(**json.loads(path.read_text()))
 
 
-def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None) -> Draw:
-    """Draw K once from ``rule`` and K i.i.d. configs (composed/adaptive: N slots, configs by the searcher)."""
+def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None,
+              grid: list[dict[str, Any]] | None = None) -> Draw:
+    """Draw K once from ``rule`` and K i.i.d. configs (composed/adaptive: N slots, configs by the searcher;
+    ``grid``: the scaled searcher's fixed trials, K = their number, which its composed rule fixes too)."""
     hook = os.environ.get(TEST_HOOK)
     if hook is not None:
         draw_seed, reproducible = int(hook), True
@@ -95,10 +97,13 @@ def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None) -
     else:
         draw_seed, reproducible = secrets.randbits(SECRET_BITS), False
     k = rule.draw_k(np.random.default_rng([draw_seed, _STREAMS["k"]]))
+    if grid is not None and len(grid) != k:
+        raise ValueError(f"{len(grid)} fixed trials, but the stopping rule runs {k}")
     trials = []
     for i in range(k):
         rng = np.random.default_rng([draw_seed, _STREAMS["params"], i])
-        params = sample_params(space.space, rng) if space.searcher == "random" else {}
+        params = dict(grid[i]) if grid is not None else (
+            sample_params(space.space, rng) if space.searcher == "random" else {})
         # each trial's entropy: fresh from the OS (private runs), or derived (reproducible runs only)
         entropy = _derived(draw_seed, _STREAMS["trial_seed"], i) if reproducible else secrets.randbits(SECRET_BITS)
         trials.append({"index": i, "params": params, "seed": entropy})

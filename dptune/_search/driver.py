@@ -20,8 +20,8 @@ import optuna.distributions as od
 
 from dptune._search.draw import Draw, make_draw
 from dptune._search.options import RayOptions, check_token_file
-from dptune.accounting import Plan, plan_search
-from dptune.config import DatasetSpec, SearchSpace, TrialConfig, later_defaults
+from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
+from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, later_defaults
 from dptune.errors import ConfigError, check_delta
 from dptune.ledger import Charge, Ledger
 from dptune.release import (
@@ -75,7 +75,8 @@ def sealed_run_spec(stored: dict[str, Any]) -> dict[str, Any]:
     """A run spec sealed at reserve time, with the config fields added since then at their defaults (what
     ran before they existed): a search sealed by an older dptune resumes if nothing else changed."""
     out = dict(stored)
-    for key, cls in (("dataset", DatasetSpec), ("fixed", TrialConfig), ("default", TrialConfig)):
+    classes = (("dataset", DatasetSpec), ("fixed", TrialConfig), ("default", TrialConfig), ("privacy", PrivacySpec))
+    for key, cls in classes:
         if isinstance(out.get(key), dict):
             out[key] = {**later_defaults(cls), **out[key]}
     return out
@@ -92,6 +93,7 @@ class _Prepared:
     plan: Plan
     fingerprint: str
     spec: dict[str, Any]
+    scaled: ScaledPlan | None  # the scaled searcher's trials and final σ
 
 
 def _prepare(req: SearchRequest) -> _Prepared:
@@ -103,7 +105,10 @@ def _prepare(req: SearchRequest) -> _Prepared:
     # δ ≥ 1/n admits publishing one random example in the clear (n: the smaller, training split)
     check_delta("privacy.delta", req.space.privacy.delta, n_train)
     plan = plan_search(req.space, n_train, compare=False)
-    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space))
+    # the scaled searcher plans the final run its printed dptune.train command makes: on train + validation
+    scaled = None if req.space.searcher != "scaled" else plan_scaled(
+        req.space, plan, final_n=n_train + int(len(data.val[1])))
+    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), scaled)
 
 
 def _validate_models(space: SearchSpace, data: Any) -> None:
@@ -149,7 +154,8 @@ def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
     run.write_state(charge_id=charge_id, fingerprint=p.fingerprint, budget_fingerprint=budget_fp,
                     run_spec=p.spec, event_sha256=_event_sha(charge), status="reserved",
                     ledger=str(req.ledger.resolve()), reserved_at=charge.created)
-    draw = make_draw(req.space, p.plan.stopping, seed=req.seed)
+    draw = make_draw(req.space, p.plan.stopping, seed=req.seed,
+                     grid=None if p.scaled is None else p.scaled.trial_params())
     draw.save(run.draw_file)
     return charge, draw
 
@@ -279,11 +285,11 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
 def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,
              rows: list[TrialRow], dashboard: str | None) -> SearchOutcome:
     best = select_best(rows)
-    params, score = released_params(req.space, best, p.n_train)
-    document = release_document(req.space, params, score)
+    params, score = released_params(req.space, best, p.n_train, scaled=p.scaled)
+    document = release_document(req.space, params, score, scaled=p.scaled)
     budget_fp = run.read_state()["budget_fingerprint"]
     cert = search_certificate(req.space, p.plan, charge.event, dataset_id=ledger.dataset_id(budget_fp),
-                              reproducible=draw.reproducible, created=day_of(charge.created))
+                              reproducible=draw.reproducible, created=day_of(charge.created), scaled=p.scaled)
     cert = cert.bind(ledger, [charge.token])
     checkpoint = None
     if req.ray.save_model and best is not None and best.checkpoint:

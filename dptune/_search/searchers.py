@@ -48,6 +48,9 @@ def _tpe(space: SearchSpace, seed: int) -> Any:
 SEARCHERS: dict[str, Searcher] = {
     "random": Searcher("random", adaptive=False, score_releases_per_trial=1, build=None),
     "tpe": Searcher("tpe", adaptive=True, score_releases_per_trial=1, build=_tpe),
+    # the scaled searcher's trials are fixed before any runs (one per learning-rate candidate, in the sealed
+    # draw, run as a grid like random search); only its choice depends on their scores: composed accounting
+    "scaled": Searcher("scaled", adaptive=False, score_releases_per_trial=1, build=None),
 }
 assert set(SEARCHERS) == set(CONFIG_SEARCHERS), "config.SEARCHERS and the catalogue must agree"
 

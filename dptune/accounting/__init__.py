@@ -6,7 +6,7 @@ subclasses of :class:`StoppingRule` named in one catalogue (:func:`stopping_rule
 
 Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
 ``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the interpreter); ``_rules``;
-``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``.
+``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``; ``_scaled``.
 """
 
 from dptune.accounting import _lazy
@@ -33,11 +33,13 @@ from dptune.accounting._planner import (
     TrialPoint,
     plan_search,
     reachable_points,
+    scaled_trial_sigma,
     sigma_floor,
     worst_case_event,
 )
 from dptune.accounting._rdp import epsilon, rdp_of
 from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
+from dptune.accounting._scaled import ScaledAdvice, ScaledPlan, advise_scaled, plan_scaled
 from dptune.accounting._stopping import random_stopping_rdp, tnb_gamma, tnb_mean
 from dptune.accounting._subsample import (
     min_subsample_size,
@@ -54,6 +56,8 @@ __all__ = [
     "Composed",
     "Plan",
     "Poisson",
+    "ScaledAdvice",
+    "ScaledPlan",
     "StoppingRule",
     "SubsampledMechanismDpEvent",
     "TrialPoint",
@@ -68,12 +72,15 @@ __all__ = [
     "event_from_json",
     "event_to_json",
     "min_subsample_size",
+    "advise_scaled",
+    "plan_scaled",
     "plan_search",
     "poisson_subsampled_rdp",
     "random_stopping_rdp",
     "rdp_of",
     "reachable_points",
     "score_event",
+    "scaled_trial_sigma",
     "search_parts",
     "sigma_floor",
     "stopping_rule",

@@ -18,7 +18,8 @@ from dptune.accounting._subsample import subsampled_search_event
 from dptune.config import ConfigError, SearchSpace, support_values
 from dptune.errors import check_positive
 
-__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "sigma_floor", "worst_case_event"]
+__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "scaled_trial_sigma", "sigma_floor",
+           "worst_case_event"]
 
 SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP series converge slowly
 
@@ -122,6 +123,8 @@ def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None 
     """
     p = space.privacy
     rule = stopping or stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
+    if sigma_low is None and space.searcher == "scaled":
+        sigma_low = scaled_trial_sigma(space, n_train)
     f = space.tune_fraction
     points = reachable_points(space, n_train, sigma_low=sigma_low, tune_fraction=f)
     t_event = worst_case_event(points)
@@ -152,3 +155,17 @@ def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
 
     lo, hi = SIGMA_FLOOR_RANGE
     return calibrate_sigma(cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
+
+
+def scaled_trial_sigma(space: SearchSpace, n_train: int) -> float:
+    """The scaled searcher's cheap-trial σ: the smallest whose trials, one per learning-rate candidate and
+    composed, cost at most ``privacy.search_share`` × ``privacy.target_epsilon`` (:func:`sigma_floor`)."""
+    p = space.privacy
+    assert p.search_share is not None and p.target_epsilon is not None  # config.check_scaled
+    sigma = sigma_floor(space, n_train, target_epsilon=p.search_share * p.target_epsilon,
+                        stopping=stopping_rule("composed", mean=p.mean))
+    if sigma is None:
+        raise ConfigError("privacy.search_share", f"{p.search_share:g} of epsilon {p.target_epsilon:g} does not pay "
+                          f"for {p.mean:g} score releases even at noise multiplier {SIGMA_FLOOR_RANGE[1]:g}",
+                          "raise privacy.search_share or privacy.score_noise, or use fewer candidates")
+    return sigma

@@ -1,0 +1,91 @@
+"""The cross-field rules of a search space, checked once it is parsed (``config.parse_space``) and again after
+a CLI's overrides: the privacy settings, the accounting each searcher needs (rule 7), and the shape the scaled
+searcher runs. Every problem is a :class:`ConfigError` naming the field and the fix (exit 2, nothing charged).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import optuna.distributions as od
+
+from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
+
+if TYPE_CHECKING:  # config imports this module: types only
+    from dptune.config import PrivacySpec, SearchSpace
+
+__all__ = ["check_adaptive", "check_privacy", "check_scaled"]
+
+
+def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
+    # privacy.stopping names a rule of dptune.accounting's catalogue, which checks it and its mean/eta
+    # (stopping_rule(...), called by every CLI before anything is charged)
+    check_delta("privacy.delta", p.delta)
+    if not (math.isfinite(p.mean) and p.mean >= 1):
+        raise ConfigError("privacy.mean", f"{p.mean!r} is < 1", "choose a mean number of trials >= 1")
+    if not (math.isfinite(p.eta) and p.eta >= 0):
+        raise ConfigError("privacy.eta", f"{p.eta!r} is negative", "choose eta >= 0 (0 logarithmic, 1 geometric)")
+    if not public_validation and p.score_noise is None:
+        raise ConfigError("privacy.score_noise", "a private validation score needs noise",
+                          "set privacy.score_noise > 0, or dataset.public_validation: true")
+    if p.score_noise is not None and not (math.isfinite(p.score_noise) and p.score_noise > 0):
+        raise ConfigError("privacy.score_noise", f"{p.score_noise!r} must be > 0", "choose e.g. 6.0")
+    if p.target_epsilon is not None:
+        check_positive("privacy.target_epsilon", p.target_epsilon, "give the total ε for search + final training, "
+                       "e.g. 8, or leave it out")
+    if p.search_share is not None:
+        check_unit_interval("privacy.search_share", p.search_share, "choose e.g. 0.3 (30 % of privacy.target_epsilon "
+                            "for the scaled searcher's cheap trials)")
+
+
+def check_adaptive(s: SearchSpace) -> None:
+    """Rule 7: adaptive search is not covered by random stopping; the scaled searcher is charged by composition."""
+    adaptive = [x for x in (s.searcher, s.scheduler) if x in ("tpe", "asha")]
+    if adaptive and s.accounting != "composed":
+        raise ConfigError(
+            "search.accounting",
+            f"{'/'.join(a.upper() for a in adaptive)} is adaptive: trials depend on earlier private scores, "
+            "which the Papernot-Steinke random-stopping theorem does not cover",
+            "use search.accounting: composed (every trial charged by composition, fixed trial count) "
+            "or the random searcher with the fifo scheduler",
+        )
+    if s.searcher == "scaled" and s.accounting != "composed":
+        raise ConfigError("search.accounting", "the scaled searcher's choice depends on its trials' private scores "
+                          "and runs a fixed number of trials", "set search.accounting: composed")
+    if s.accounting == "composed" and s.privacy.stopping != "composed":
+        raise ConfigError("privacy.stopping", f"{s.privacy.stopping!r} with composed accounting",
+                          "set privacy.stopping: composed and privacy.mean to the number of trials")
+    if s.accounting == "random_stopping" and s.privacy.stopping == "composed":
+        raise ConfigError("search.accounting", "random_stopping with privacy.stopping: composed",
+                          "set search.accounting: composed")
+    check_scaled(s)
+
+
+def check_scaled(s: SearchSpace) -> None:
+    """The scaled searcher tunes the final run's learning rate only: ``space.learning_rate`` lists the
+    candidates, each tried once; the cheap trials' σ and the final σ follow from ``privacy.target_epsilon``
+    and ``privacy.search_share``."""
+    if s.searcher != "scaled":
+        if s.privacy.search_share is not None:
+            raise ConfigError("privacy.search_share", f"only the scaled searcher uses it (searcher: {s.searcher})",
+                              "remove privacy.search_share, or set search.searcher: scaled")
+        return
+    lr = s.space.get("learning_rate")
+    if not isinstance(lr, od.CategoricalDistribution):
+        raise ConfigError("space.learning_rate", "the scaled searcher needs the final run's learning-rate candidates",
+                          "write space.learning_rate: {type: categorical, choices: [0.2, 0.4, 0.8, 1.6, 3.2]}")
+    others = sorted(set(s.space) - {"learning_rate"})
+    if others:
+        raise ConfigError(f"space.{others[0]}", "the scaled searcher tunes only the learning rate (its cheap trials "
+                          "and the final run share every other setting)", f"fix {others[0]} under `fixed:`")
+    if s.privacy.mean != len(lr.choices):
+        raise ConfigError("privacy.mean", f"{s.privacy.mean:g} trials, but the scaled searcher runs each of the "
+                          f"{len(lr.choices)} learning-rate candidates once", f"set privacy.mean: {len(lr.choices)}")
+    for key, fix in (("target_epsilon", "give the total ε for search + final training, e.g. 2"),
+                     ("search_share", "give the share of it for the cheap trials, e.g. 0.3")):
+        if getattr(s.privacy, key) is None:
+            raise ConfigError(f"privacy.{key}", "the scaled searcher sizes its trials and the final run from it", fix)
+    if s.tune_fraction < 1:
+        raise ConfigError("search.tune_fraction", "the scaled searcher runs on the full training split",
+                          "remove search.tune_fraction")
