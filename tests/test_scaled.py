@@ -25,7 +25,7 @@ SPACE = ROOT / "search_spaces" / "digits_scaled.yaml"
 MNIST = ROOT / "search_spaces" / "mnist_scaled.yaml"
 N_TRAIN, N_VAL = 1257, 180  # digits: 1797 - 360 test - 180 validation
 # MNIST priors measured on the first bench's rows (seeds 0-4, bench/planner_agreement.py), not on seeds 5-9
-MNIST_PRIORS = {"accuracy_spread": 0.012, "loss_per_noise_doubling": 0.0185}
+MNIST_PRIORS = {"accuracy_spread": 0.012, "loss_per_noise_doubling": 0.0193}
 
 
 def _eps(events: list[de.DpEvent], delta: float = 1e-5) -> float:

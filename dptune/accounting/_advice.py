@@ -285,6 +285,9 @@ def _verdict(space: SearchSpace, eps: float, delta: float, n_train: int, n_val: 
     tips.append("fewer trials (mean 1.5-2) and a narrower space (fewer batch sizes/epochs: the worst case is "
                 "charged)")
     tips.append("tuning on a subsample (search.tune_fraction 0.25-0.5) cuts the training part of the search")
+    tips.append("to tune only the learning rate at fixed batch and epochs, the scaled searcher (search.searcher: "
+                "scaled) tries each candidate at the final run's update noise lr x sigma: see "
+                "search_spaces/mnist_scaled.yaml")
     if base_sigma is not None:
         tips.append(f"or skip the search: the default config alone affords noise_multiplier {base_sigma:.3g}")
     if base_sigma is None:
