@@ -590,10 +590,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--epsilons", default="2,4,1")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--first-seed", type=int, default=0, help="split seeds first-seed .. first-seed + seeds - 1")
-    p.add_argument("--modes", default="b,d,s", help="tuned modes to run beside (a)/(o): any of g,n,b,d,s")
+    p.add_argument("--modes", default="g,b,d,s",
+                   help="tuned modes to run beside (a)/(o): any of g,n,b,d,s (default: all but the variants n/f)")
     p.add_argument("--reuse", help="a .json this bench wrote: take its (a)/(o) grid results of matching rows")
     p.add_argument("--quick", action="store_true", help="smoke check: 1 seed, ε = 4, 1 epoch (not a result)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_mnist.md"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_mnist_all.md"))
     args = p.parse_args(argv)
     args.command = " ".join(["python", "bench/tuning_value.py", *argv])
     if args.quick:
