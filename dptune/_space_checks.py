@@ -15,7 +15,10 @@ from dptune.errors import ConfigError, check_delta, check_positive, check_unit_i
 if TYPE_CHECKING:  # config imports this module: types only
     from dptune.config import PrivacySpec, SearchSpace
 
-__all__ = ["check_adaptive", "check_privacy", "check_scaled"]
+__all__ = ["SELECTIONS", "check_adaptive", "check_privacy", "check_scaled", "check_selection",
+           "check_trial_score_noise"]
+
+SELECTIONS = ("best_score", "noisy_max")
 
 
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
@@ -31,6 +34,12 @@ def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
                           "set privacy.score_noise > 0, or dataset.public_validation: true")
     if p.score_noise is not None and not (math.isfinite(p.score_noise) and p.score_noise > 0):
         raise ConfigError("privacy.score_noise", f"{p.score_noise!r} must be > 0", "choose e.g. 6.0")
+    if p.selection not in SELECTIONS:
+        raise ConfigError("privacy.selection", f"unknown selection {p.selection!r}",
+                          f"use one of: {', '.join(SELECTIONS)}")
+    if p.selection == "noisy_max" and public_validation:
+        raise ConfigError("privacy.selection", "noisy_max protects a private validation split, but this one is "
+                          "declared public (its best score is released free)", "remove privacy.selection")
     if p.target_epsilon is not None:
         check_positive("privacy.target_epsilon", p.target_epsilon, "give the total ε for search + final training, "
                        "e.g. 8, or leave it out")
@@ -60,6 +69,30 @@ def check_adaptive(s: SearchSpace) -> None:
         raise ConfigError("search.accounting", "random_stopping with privacy.stopping: composed",
                           "set search.accounting: composed")
     check_scaled(s)
+    check_selection(s)
+
+
+def check_selection(s: SearchSpace) -> None:
+    """``noisy_max`` chooses once among candidates fixed in advance, after all of them ran: the scaled
+    searcher. Random stopping's theorem and adaptive searchers need every trial's own released score. And
+    the trials' own score noise is the one the privacy settings imply (:func:`check_trial_score_noise`)."""
+    check_trial_score_noise(s)
+    if s.privacy.selection == "noisy_max" and s.searcher != "scaled":
+        raise ConfigError("privacy.selection", f"noisy_max needs the scaled searcher's fixed candidates, not the "
+                          f"{s.searcher} searcher (whose trials each release a score)",
+                          "set search.searcher: scaled, or privacy.selection: best_score")
+
+
+def check_trial_score_noise(s: SearchSpace) -> None:
+    """What every trial runs (``fixed.score_noise``, charged per trial) must be what ``privacy`` says: a space
+    whose privacy was replaced without its trials (use ``SearchSpace.with_privacy``) would release a raw or
+    differently noised score."""
+    expected = None if s.dataset.public_validation or s.privacy.selection == "noisy_max" else s.privacy.score_noise
+    for which, cfg in (("fixed", s.fixed), ("default", s.default)):
+        if cfg.score_noise != expected:
+            raise ConfigError("privacy.score_noise", f"the trials' own score noise ({which}: {cfg.score_noise}) is not "
+                              f"what privacy.score_noise and privacy.selection imply ({expected})",
+                              "change privacy settings with SearchSpace.with_privacy(...), or load the space file")
 
 
 def check_scaled(s: SearchSpace) -> None:

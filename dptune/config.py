@@ -18,12 +18,12 @@ import yaml
 
 from dptune import _specs
 from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
-from dptune._space_checks import check_adaptive, check_privacy
+from dptune._space_checks import check_adaptive, check_privacy, check_trial_score_noise
 from dptune.errors import ConfigError, check_positive, check_unit_interval
 
 __all__ = ["ConfigError", "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "check_adaptive",
-           "check_privacy", "later_defaults", "load_space", "nominal_train_size", "parse_space", "support_extremes",
-           "support_values"]
+           "check_privacy", "check_trial_score_noise", "later_defaults", "load_space", "nominal_train_size",
+           "parse_space", "support_extremes", "support_values"]
 
 MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
@@ -196,7 +196,7 @@ class DatasetSpec:
 # existed is read with it at its default, which is what ran then (no model kwargs, the official split, no
 # table); every other field must be present: a defaulted privacy or model setting would train something else.
 LATER_FIELDS = {"TrialConfig": ("model_kwargs",), "DatasetSpec": ("split", "download", "label", "features", "classes"),
-                "PrivacySpec": ("search_share",)}
+                "PrivacySpec": ("search_share", "selection")}
 
 
 def later_defaults(cls: type[TrialConfig] | type[DatasetSpec] | type[PrivacySpec]) -> dict[str, Any]:
@@ -210,11 +210,21 @@ class PrivacySpec:
     stopping: str = "poisson"
     mean: float = 3.0  # mean number of trials (poisson, tnb) or the fixed number of trials (composed)
     eta: float = 1.0  # TNB shape: 0 logarithmic, 1 geometric
-    score_noise: float | None = 6.0  # std of the Gaussian noise on the validation correct-count
+    # noise on the validation correct-count: the std of each released score's Gaussian (selection: best_score),
+    # or the Gumbel scale of the one noisy-max selection (selection: noisy_max)
+    score_noise: float | None = 6.0
     # the total ε the curator plans for search + final training (the search prints the final-training
     # command calibrated to it); None: the curator chooses at final training
     target_epsilon: float | None = None
     search_share: float | None = None  # the scaled searcher: share of target_epsilon for its cheap trials
+    # best_score: every trial releases a Gaussian-noised score, the best is released (any searcher);
+    # noisy_max: trials release nothing, one report-noisy-max picks the candidate (the scaled searcher)
+    selection: str = "best_score"
+
+    @property
+    def trial_score_noise(self) -> float | None:
+        """The noise of each trial's own score release: None when none is released per trial."""
+        return None if self.selection == "noisy_max" else self.score_noise
 
 
 @dataclass(frozen=True)
@@ -232,6 +242,14 @@ class SearchSpace:
     scheduler: str = "fifo"
     tune_fraction: float = 1.0
     source: str | None = None
+
+    def with_privacy(self, **changes: Any) -> SearchSpace:
+        """This space with ``privacy`` settings changed, its trials' own score noise derived again (a noisy-max
+        selection or a public validation split: none per trial; otherwise ``privacy.score_noise``)."""
+        privacy = dataclasses.replace(self.privacy, **changes)
+        sn = None if self.dataset.public_validation else privacy.trial_score_noise
+        return dataclasses.replace(self, privacy=privacy, fixed=self.fixed.replace(score_noise=sn),
+                                   default=self.default.replace(score_noise=sn))
 
     def trial_config(self, params: Mapping[str, Any], seed: int) -> TrialConfig:
         """The trial config for sampled hyperparameters ``params``."""
@@ -276,7 +294,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     privacy = PrivacySpec(**{k: coerce_value(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
                              for k, v in privacy_raw.items()})
     check_privacy(privacy, public_validation=dataset.public_validation)
-    fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.score_noise)
+    fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.trial_score_noise)
     _specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, **_parse_search(raw))

@@ -156,7 +156,7 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
 
 
 def _replace_privacy(space: SearchSpace, **changes: Any) -> SearchSpace:
-    return dataclasses.replace(space, privacy=dataclasses.replace(space.privacy, **changes))
+    return space.with_privacy(**changes)
 
 
 def _summary(plan: Plan) -> dict[str, Any]:
@@ -258,7 +258,9 @@ def _scaled_json(args: argparse.Namespace, space: SearchSpace, n_train: int) -> 
     a = advise_scaled(space, n_train, baseline=baseline, accuracy_spread=pr["accuracy_spread"],
                       loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"])
     p = a.plan
-    return {"target_epsilon": a.target_epsilon, "search_epsilon": a.search_epsilon, "trial_noise_multiplier":
+    sel = space.privacy
+    return {"selection": {"rule": sel.selection, "noise": sel.score_noise},
+            "target_epsilon": a.target_epsilon, "search_epsilon": a.search_epsilon, "trial_noise_multiplier":
             p.trial_sigma, "trials": [{"candidate": c, "trial_learning_rate": p.trial_learning_rate(c)}
                                       for c in p.candidates],
             "final_noise_multiplier": p.final_sigma, "final_n": p.final_n, "baseline": args.baseline or "default",
@@ -298,11 +300,18 @@ def _print_advice(a: dict[str, Any]) -> None:
             print(f"    - {tip}")
 
 
+def _score_label(out: dict[str, Any], score_noise: float | None) -> str:
+    if score_noise is not None:
+        return f"{score_noise:g}"
+    noisy_max = out.get("scaled", {}).get("selection", {}).get("rule") == "noisy_max"
+    return "none per trial (one noisy max selects)" if noisy_max else "public"
+
+
 def _print(out: dict[str, Any]) -> None:
     w = out["worst_case"]
     print(f"one trial (worst case over {w['points']} reachable point(s): sigma >= {w['noise_multiplier']:g}, "
           f"q <= {w['max_sampling_rate']:.4g}, T <= {w['max_steps']}, score noise "
-          f"{'public' if w['score_noise'] is None else w['score_noise']}):  "
+          f"{_score_label(out, w['score_noise'])}):  "
           f"epsilon = {out['trial_epsilon']:.4f} at delta = {out['delta']:g}")
     if out.get("tune_fraction", 1.0) < 1:
         print(f"search on a Poisson subsample of {out['tune_fraction']:g} of the training data "
@@ -331,6 +340,13 @@ def _print_scaled(s: dict[str, Any]) -> None:
           f"{s['final_n']} examples (train + validation) at {s['final_noise_multiplier']:.4g}")
     print("  final-run candidate lr -> cheap trial's lr (same update noise lr x sigma): " + ", ".join(
         f"{t['candidate']:g} -> {t['trial_learning_rate']:.4g}" for t in s["trials"]))
+    sel = s["selection"]
+    if sel["rule"] == "noisy_max":
+        print(f"  selection: one report-noisy-max (Gumbel scale {sel['noise']:g} on each trial's validation "
+              "correct-count), charged once; the trials release no score")
+    else:
+        print(f"  selection: each trial's validation score released with Gaussian noise (std {sel['noise']:g} on "
+              "the correct-count), the best wins")
     print(f"  baseline ({s['baseline']}): trained once with the whole budget at noise multiplier "
           f"{s['baseline_noise_multiplier']:.4g}")
     print(("  " if s["pays"] else "  NOTE: ") + s["verdict"])

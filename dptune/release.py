@@ -2,6 +2,9 @@
 
 * :func:`select_best` — the best trial: highest released score, ties to the lowest index; crashed and
   diverged trials count with score −∞ (rule 5), so they are selected only when nothing else ran;
+* :func:`select_noisy_max` — ``privacy.selection: noisy_max``: report-noisy-max over the trials' validation
+  correct-counts (the exponential mechanism, charged once as ``NoisyMaxDpEvent``); :func:`select` picks
+  the space's rule;
 * :func:`released_params` — K = 0 releases the space's declared default (rule 1); with subsample tuning
   the transfer rule moves the selected config to the full data;
 * :func:`release_document` — ``best_config.yaml``: the complete config, no seed, no internal field;
@@ -15,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import time
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from dp_accounting import dp_event as de
 
@@ -31,13 +36,47 @@ from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig
 from dptune.errors import ConfigError
 from dptune.trials import TrialRow
 
-__all__ = ["Release", "load_release", "release_document", "released_params", "search_certificate", "select_best",
-           "write_release"]
+__all__ = ["Release", "load_release", "release_document", "released_params", "search_certificate", "select",
+           "select_best", "select_noisy_max", "write_release"]
 
 
 def select_best(rows: Sequence[TrialRow]) -> TrialRow | None:
     """The trial to release; None when K = 0 (no trial ran)."""
     return max(rows, key=lambda r: r.rank_key) if rows else None
+
+
+def select_noisy_max(rows: Sequence[TrialRow], *, gumbel_scale: float, n_val: int,
+                     seed: int) -> tuple[TrialRow | None, list[float]]:
+    """Report-noisy-max: the trial maximising its validation correct-count plus Gumbel(0, ``gumbel_scale``)
+    noise, and the noised counts (sealed: the noised values are not private to release, only the index is).
+
+    The counts are the trials' raw validation accuracies × ``n_val`` (sealed; the trials released nothing).
+    A crashed or diverged trial has count −∞ (rule 5: it counts, and is chosen only if nothing else ran;
+    divergence is decided from the noised parameters, so which trials are eligible is post-processing of
+    the charged training). Trial i gets the i-th draw of the stream ``seed`` (the sealed draw's 128-bit
+    "selection" stream), so a resumed search selects exactly as an uninterrupted one. Ties: lowest index.
+    """
+    if not rows:
+        return None, []
+    if not (math.isfinite(gumbel_scale) and gumbel_scale > 0) or n_val < 1:
+        raise ValueError(f"noisy max needs gumbel_scale > 0 and n_val >= 1, got {gumbel_scale!r}, {n_val!r}")
+    k = max(r.index for r in rows) + 1
+    gumbel = np.random.default_rng(seed).gumbel(0.0, gumbel_scale, size=k)
+    noised = []
+    for r in rows:
+        raw = r.val_accuracy_raw
+        ok = not (r.crashed or r.diverged) and raw is not None and math.isfinite(raw)
+        noised.append(round(raw * n_val) + float(gumbel[r.index]) if ok else -math.inf)  # type: ignore[operator]
+    best = max(range(len(rows)), key=lambda i: (noised[i], -rows[i].index))
+    return rows[best], noised
+
+
+def select(space: SearchSpace, rows: Sequence[TrialRow], *, n_val: int, seed: int) -> TrialRow | None:
+    """The trial to release under the space's ``privacy.selection`` (``seed``: the sealed selection stream)."""
+    if space.privacy.selection != "noisy_max":
+        return select_best(rows)
+    assert space.privacy.score_noise is not None  # config.check_privacy
+    return select_noisy_max(rows, gumbel_scale=space.privacy.score_noise, n_val=n_val, seed=seed)[0]
 
 
 def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
@@ -47,7 +86,8 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
     With ``search.tune_fraction`` f < 1 the trial ran on a Poisson subsample at q = B/(f·n); the transfer
     rule keeps q (batch size B/f on the full data), epochs, learning rate and σ (``transfer_config``).
     The scaled searcher releases the final run's learning-rate candidate its best trial stood for (trial i
-    ran candidate i at the cheap σ) and the final σ the budget leaves.
+    ran candidate i at the cheap σ) and the final σ the budget leaves. A noisy-max selection releases the
+    index only: no score (the trial's sealed score is its raw validation accuracy).
     """
     if best is None:
         return {k: getattr(space.default, k) for k in space.space}, None
@@ -57,7 +97,9 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
     if space.tune_fraction < 1:
         params = transfer_config(params, fraction=space.tune_fraction, n_train=n_train)
     score = best.rank_key[0]
-    return params, (None if score == float("-inf") else float(score))
+    if space.privacy.selection == "noisy_max" or score == float("-inf"):
+        return params, None
+    return params, float(score)
 
 
 def release_document(space: SearchSpace, params: dict[str, Any], score: float | None, *,
@@ -65,6 +107,12 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
     """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one). The
     scaled searcher's release adds its rule: final training sets lr = lr_times_sigma / σ."""
     private = not space.dataset.public_validation
+    kind = "validation accuracy" + (f" + Gaussian noise (std {space.privacy.score_noise:g} on the correct-count)"
+                                    if private else " (public split)")
+    if space.privacy.selection == "noisy_max":
+        kind = (f"not released: the candidate was chosen by report-noisy-max (Gumbel noise of scale "
+                f"{space.privacy.score_noise:g} on each trial's validation correct-count), which releases only "
+                "which candidate won")
     doc: dict[str, Any] = {
         "released_by": "dptune.search",
         "space": space.name,
@@ -72,8 +120,7 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
         "config": space.fixed.replace(**params).to_public_dict(),
         "privacy": {"delta": space.privacy.delta},
         "score": score,
-        "score_kind": "validation accuracy" + (f" + Gaussian noise (std {space.privacy.score_noise:g} on the "
-                                               "correct-count)" if private else " (public split)"),
+        "score_kind": kind,
         "certificate": "certificate.json",
     }
     if space.tune_fraction < 1:
@@ -94,6 +141,13 @@ def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent
         "n_train": plan.n_train, "trial_epsilon": plan.trial_epsilon, "search_epsilon": plan.search_epsilon,
         "worst_case": [dataclasses.asdict(p) for p in plan.points],
     }
+    if space.privacy.selection == "noisy_max":
+        details["selection"] = {
+            "rule": "noisy_max", "gumbel_scale": space.privacy.score_noise,
+            "mechanism": "argmax of validation correct-count + Gumbel noise (exponential mechanism); only the "
+                         "index is released",
+            "charged_as": "NoisyMaxDpEvent: (1/scale)-bounded range, 1/(8 scale^2)-zCDP (Cesar & Rogers 2021), "
+                          "(1/scale)-DP; once for the whole search"}
     if scaled is not None:
         details["scaled"] = {"trial_noise_multiplier": scaled.trial_sigma, "candidates": list(scaled.candidates),
                              "planned_final_noise_multiplier": scaled.final_sigma, "planned_final_n": scaled.final_n}

@@ -191,6 +191,8 @@ def _print_release(req: SearchRequest, out: Any) -> None:
         print(f"  score:  {release['score']:.4f} = the best trial's {release['score_kind']}; it ranks configs "
               "trained at the search's (noisier) settings and is not the final model's accuracy, which "
               "dptune.train reports on the test split")
+    elif req.space.privacy.selection == "noisy_max":
+        print(f"  score:  none — {release['score_kind']}")
     else:
         print("  score:  none (no trial was drawn: the space's default config is released)")
     rule = release.get("scaling_rule")

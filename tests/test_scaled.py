@@ -42,6 +42,13 @@ def _trials(sigma: float, q: float, steps: int, score_noise: float, k: int) -> d
     return de.SelfComposedDpEvent(one, k)
 
 
+def _noisy_max_search(sigma: float, q: float, steps: int, beta: float, k: int) -> de.DpEvent:
+    """k composed trials that release nothing, and the one noisy max: priced by dp_accounting as a Gaussian of
+    noise multiplier 2β (the same RDP, λ/(8β²), at orders up to 8β, where dptune caps it at the pure-DP 1/β)."""
+    training = de.SelfComposedDpEvent(de.PoissonSampledDpEvent(q, de.GaussianDpEvent(sigma)), steps)
+    return de.ComposedDpEvent([de.SelfComposedDpEvent(training, k), de.GaussianDpEvent(2 * beta)])
+
+
 def _final(sigma: float, epochs: float, n: int, batch: int = 256) -> de.DpEvent:
     q, steps = sampling_rate(batch_size=batch, basis=n), trial_steps(epochs=epochs, batch_size=batch, basis=n)
     return de.SelfComposedDpEvent(de.PoissonSampledDpEvent(q, de.GaussianDpEvent(sigma)), steps)
@@ -55,10 +62,15 @@ def test_trial_and_final_sigma_known_answer() -> None:
     scaled = A.plan_scaled(space, plan, final_n=N_TRAIN + N_VAL)
     q, steps = 256 / N_TRAIN, math.ceil(15 * N_TRAIN / 256)
     sc, sf = scaled.trial_sigma, scaled.final_sigma
-    search = _trials(sc, q, steps, p.score_noise, 3)
-    # the cheap trials: the smallest σ whose 3 composed trials (training + noised score) fit share·target
-    assert _eps([search]) <= 0.3 * 8 * (1 + 1e-6) < _eps([_trials(0.99 * sc, q, steps, p.score_noise, 3)])
+    assert p.selection == "noisy_max" and p.score_noise == 2.6
+    search = _noisy_max_search(sc, q, steps, p.score_noise, 3)
+    # the cheap trials: the smallest σ whose 3 composed trials and the one noisy max fit share·target
+    assert _eps([search]) <= 0.3 * 8 * (1 + 1e-6) < _eps([_noisy_max_search(0.99 * sc, q, steps, 2.6, 3)])
     assert plan.search_epsilon == pytest.approx(_eps([search]), rel=1e-6)
+    # the trials release no score: each is charged for its training only, the selection once
+    assert plan.search_event == de.ComposedDpEvent([
+        de.SelfComposedDpEvent(A.trial_event(noise_multiplier=sc, sampling_rate=q, steps=steps, score_noise=None), 3),
+        A.NoisyMaxDpEvent(2.6)])
     # the final run: the smallest σ whose run on train ∪ validation, composed with the search, fits the target
     assert _eps([search, _final(sf, 15, N_TRAIN + N_VAL)]) <= 8 * (1 + 1e-6)
     assert _eps([search, _final(0.99 * sf, 15, N_TRAIN + N_VAL)]) > 8
@@ -131,6 +143,11 @@ BAD = [  # (name, edit, base space, field the message must name)
     ("share_on_random", {"privacy": {"search_share": 0.3}}, ROOT / "search_spaces" / "digits.yaml",
      "privacy.search_share"),
     ("starved", {"privacy": {"target_epsilon": 0.5, "search_share": 0.05}}, SPACE, "privacy.search_share"),
+    ("selection_unknown", {"privacy": {"selection": "argmax"}}, SPACE, "privacy.selection"),
+    ("noisy_max_on_random", {"privacy": {"selection": "noisy_max"}}, ROOT / "search_spaces" / "digits.yaml",
+     "privacy.selection"),
+    ("noisy_max_public", {"dataset": {"public_validation": True}}, SPACE, "privacy.selection"),
+    ("noisy_max_no_noise", {"privacy": {"score_noise": 0.0}}, SPACE, "privacy.score_noise"),
 ]
 
 
@@ -176,44 +193,76 @@ def test_plan_cli_prints_the_scaled_plan(capsys: pytest.CaptureFixture[str]) -> 
     assert json.loads(capsys.readouterr().out)["scaled"]["final_noise_multiplier"] > scaled.final_sigma
 
 
-def _space_at(epochs: float) -> SearchSpace:
-    space = load_space(SPACE)
+def _space_at(epochs: float, path: Path = SPACE) -> SearchSpace:
+    space = load_space(path)
     return dataclasses.replace(space, fixed=space.fixed.replace(epochs=epochs),
                                default=space.default.replace(epochs=epochs))
 
 
-def test_scaled_search_and_final_training_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A real Ray search (3 trials, 3 epochs) and the final run it prints: what ran is what was charged."""
+def _noisy_max_choice(run: Path, rows: list[dict[str, object]], beta: float) -> int:
+    """The index report-noisy-max must have released, recomputed from the sealed draw's selection stream and
+    the sealed raw validation accuracies (180 validation examples)."""
+    import numpy as np
+
+    from dptune._search.draw import Draw
+
+    seed = Draw.load(run / "sealed" / "draw.json").stream_seed("selection")
+    gumbel = np.random.default_rng(seed).gumbel(0.0, beta, size=len(rows))
+    by_index = sorted(rows, key=lambda r: int(r["index"]))  # type: ignore[call-overload]
+    noised = [round(float(r["val_accuracy_raw"]) * N_VAL) + gumbel[i]  # type: ignore[arg-type]
+              for i, r in enumerate(by_index)]
+    return int(np.argmax(noised))
+
+
+@pytest.mark.parametrize("selection", ["noisy_max", "best_score"])
+def test_scaled_search_and_final_training_end_to_end(selection: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A real Ray search (3 trials, 3 epochs) and the final run it prints: what ran is what was charged, and
+    what was released is what the selection rule chose (the shipped noisy max, or a noised score per trial)."""
     import torch
 
     from dptune.train import main as train_main
 
     env = {**isolated_env_for(tmp_path), "RAY_ADDRESS": "local"}
     ledger = tmp_path / "ledger.sqlite"
-    r = run_cli(["-m", "dptune.search", "--space", str(SPACE), "--name", "sc", "--runs-dir", str(tmp_path / "runs"),
-                 "--ledger", str(ledger), "--budget-epsilon", "30", "--num-cpus", "2", "--epochs", "3",
-                 "--dashboard-port", str(free_port())], env)
+    space_file = SPACE if selection == "noisy_max" else _variant(
+        tmp_path, "scores", {"privacy": {"selection": "best_score", "score_noise": 9.0}})
+    r = run_cli(["-m", "dptune.search", "--space", str(space_file), "--name", "sc", "--runs-dir",
+                 str(tmp_path / "runs"), "--ledger", str(ledger), "--budget-epsilon", "30", "--num-cpus", "2",
+                 "--epochs", "3", "--dashboard-port", str(free_port())], env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "--target-epsilon 8 --train-on-validation" in r.stdout and "learning_rate = " in r.stdout
-    space = _space_at(3.0)
+    space = _space_at(3.0, space_file)
     plan = A.plan_search(space, N_TRAIN)
     scaled = A.plan_scaled(space, plan, final_n=N_TRAIN + N_VAL)
     run = tmp_path / "runs" / "sc"
     rows = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()
     assert sorted(r["index"] for r in rows) == [0, 1, 2]
     t = trial_steps(epochs=3, batch_size=256, basis=N_TRAIN)
-    for row in rows:  # measured by the trial, not copied from the plan
+    # measured by the trial, not copied from the plan: no score noise is drawn under the noisy max
+    score_noise = None if selection == "noisy_max" else 9.0
+    for row in rows:
         m, params = json.loads(row["measured"]), json.loads(row["params"])
-        assert m["noise_additions"] == t and m["applied_score_noise"] == 9.0
+        assert m["noise_additions"] == t and m.get("applied_score_noise") == score_noise
         assert m["noise_std"] == pytest.approx(scaled.trial_sigma * 1.0, rel=0.03)  # clip C = 1
         assert params["learning_rate"] == pytest.approx(scaled.trial_learning_rate(scaled.candidates[row["index"]]))
-    # the charge is the composed trials at that σ, priced independently
+    # the charge is the composed trials at that σ (and the one noisy max), priced independently
     charge = Ledger(ledger).charges()[0]
-    assert charge.epsilon == pytest.approx(_eps([_trials(scaled.trial_sigma, 256 / N_TRAIN, t, 9.0, 3)]), rel=1e-6)
+    search = (_noisy_max_search(scaled.trial_sigma, 256 / N_TRAIN, t, 2.6, 3) if selection == "noisy_max"
+              else _trials(scaled.trial_sigma, 256 / N_TRAIN, t, 9.0, 3))
+    assert charge.epsilon == pytest.approx(_eps([search]), rel=1e-6)
     released = yaml.safe_load((run / "release" / "best_config.yaml").read_text())
-    best = max(rows, key=lambda r: r["score"])
+    cert = json.loads((run / "release" / "certificate.json").read_text())
+    if selection == "noisy_max":  # only the index leaves sealed/: no score, the event names the mechanism
+        best_index = _noisy_max_choice(run, rows, 2.6)
+        assert released["score"] is None and "report-noisy-max" in released["score_kind"]
+        assert "score:  none — not released" in r.stdout and "NoisyMaxDpEvent" in json.dumps(cert)
+        assert cert["details"]["selection"]["gumbel_scale"] == 2.6
+    else:
+        best_index = int(max(rows, key=lambda r: r["score"])["index"])
+        assert released["score"] == max(r["score"] for r in rows) and "NoisyMaxDpEvent" not in json.dumps(cert)
     lr = released["config"]["learning_rate"]
-    assert lr == scaled.candidates[best["index"]] and released["config"]["noise_multiplier"] == scaled.final_sigma
+    assert lr == scaled.candidates[best_index] and released["config"]["noise_multiplier"] == scaled.final_sigma
     assert released["scaling_rule"]["lr_times_sigma"] == pytest.approx(lr * scaled.final_sigma)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -227,7 +276,7 @@ def test_scaled_search_and_final_training_end_to_end(tmp_path: Path, capsys: pyt
             # the final lr follows the rule for the σ this run calibrated (σ_f when on train ∪ validation)
             assert m["learning_rate"] * sigma == pytest.approx(lr * scaled.final_sigma, rel=1e-9)
             assert m["n_train"] == n and m["steps"] == trial_steps(epochs=3, batch_size=256, basis=n)
-            total = _eps([_trials(scaled.trial_sigma, 256 / N_TRAIN, t, 9.0, 3), _final(sigma, 3, n)])
+            total = _eps([search, _final(sigma, 3, n)])
             assert total <= 8 * (1 + 1e-6) and m["test_accuracy"] > 0.5
             if n == N_TRAIN + N_VAL:
                 assert sigma == pytest.approx(scaled.final_sigma, rel=2e-3)

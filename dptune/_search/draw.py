@@ -29,7 +29,7 @@ __all__ = ["Draw", "make_draw", "sample_params"]
 
 TEST_HOOK = "DPTUNE_TEST_DRAW_SEED"
 SECRET_BITS = 128
-_STREAMS = {"k": 0, "params": 1, "subsample": 2, "trial_seed": 3, "searcher": 4}
+_STREAMS = {"k": 0, "params": 1, "subsample": 2, "trial_seed": 3, "searcher": 4, "selection": 5}
 
 
 def _derived(draw_seed: int, *key: int) -> int:
@@ -74,7 +74,7 @@ class Draw:
     reproducible: bool
 
     def stream_seed(self, name: str) -> int:
-        """128-bit seed of one of the draw's secret streams (``subsample``, ``searcher``)."""
+        """128-bit seed of one of the draw's secret streams (``subsample``, ``searcher``, ``selection``)."""
         return _derived(self.draw_seed, _STREAMS[name])
 
     def save(self, path: Path) -> None:

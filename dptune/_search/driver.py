@@ -29,7 +29,7 @@ from dptune.release import (
     release_document,
     released_params,
     search_certificate,
-    select_best,
+    select,
     write_release,
 )
 from dptune.rundir import RunDir
@@ -284,7 +284,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
 
 def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,
              rows: list[TrialRow], dashboard: str | None) -> SearchOutcome:
-    best = select_best(rows)
+    best = select(req.space, rows, n_val=int(len(p.data.val[1])), seed=draw.stream_seed("selection"))
     params, score = released_params(req.space, best, p.n_train, scaled=p.scaled)
     document = release_document(req.space, params, score, scaled=p.scaled)
     budget_fp = run.read_state()["budget_fingerprint"]

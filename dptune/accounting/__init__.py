@@ -21,12 +21,15 @@ from dptune.accounting._calibrate import calibrate_noise_multiplier, calibrate_s
 from dptune.accounting._catalogue import STOPPING_RULES, alternative_rules, comparison_rules, stopping_rule
 from dptune.accounting._convert import ORDERS
 from dptune.accounting._events import (
+    NoisyMaxDpEvent,
     SubsampledMechanismDpEvent,
     WorstCaseDpEvent,
     event_from_json,
     event_to_json,
     score_event,
+    split_selection,
     trial_event,
+    with_selection,
 )
 from dptune.accounting._planner import (
     Plan,
@@ -34,6 +37,7 @@ from dptune.accounting._planner import (
     plan_search,
     reachable_points,
     scaled_trial_sigma,
+    selection_event,
     sigma_floor,
     worst_case_event,
 )
@@ -54,6 +58,7 @@ __all__ = [
     "Advice",
     "Candidate",
     "Composed",
+    "NoisyMaxDpEvent",
     "Plan",
     "Poisson",
     "ScaledAdvice",
@@ -82,12 +87,15 @@ __all__ = [
     "score_event",
     "scaled_trial_sigma",
     "search_parts",
+    "selection_event",
     "sigma_floor",
+    "split_selection",
     "stopping_rule",
     "subsampled_search_event",
     "tnb_gamma",
     "tnb_mean",
     "transfer_config",
     "trial_event",
+    "with_selection",
     "worst_case_event",
 ]

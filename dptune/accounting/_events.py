@@ -1,13 +1,16 @@
 """Privacy events of dptune as dp_accounting ``DpEvent`` values, and their JSON form.
 
 Events are frozen, composable values (dp_accounting's design); accountants interpret them (``_rdp``). dptune
-adds two event types, both defined here so the one JSON allow-list below names every event dptune writes:
+adds three event types, all defined here so the one JSON allow-list below names every event dptune writes:
 
 * :class:`WorstCaseDpEvent`: a data-independent random choice among several mechanisms (a random search
   trial), whose Rényi divergence is at most the maximum of its components' at every order (quasi-convexity
   of Rényi divergence; Papernot & Steinke 2022, Sec. 3);
 * :class:`SubsampledMechanismDpEvent`: a mechanism run on a Poisson subsample of the data, drawn once
-  (Zhu & Wang 2019, Thm. 6; Koskela & Kulkarni 2023 for the whole search, see ``_subsample``).
+  (Zhu & Wang 2019, Thm. 6; Koskela & Kulkarni 2023 for the whole search, see ``_subsample``);
+* :class:`NoisyMaxDpEvent`: report-noisy-max with Gumbel noise over validation correct-counts — the
+  exponential mechanism, whose one release (the index of the best candidate) costs the same however many
+  candidates it chooses among (``privacy.selection: noisy_max``).
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ from dp_accounting import dp_event as de
 from dptune.errors import ConfigError, check_positive, check_unit_interval
 
 __all__ = [
+    "NoisyMaxDpEvent",
     "SubsampledMechanismDpEvent",
     "WorstCaseDpEvent",
     "event_from_json",
     "event_to_json",
     "score_event",
+    "split_selection",
     "trial_event",
+    "with_selection",
 ]
 
 
@@ -45,6 +51,35 @@ class SubsampledMechanismDpEvent(de.DpEvent):
 
     event: de.DpEvent
     fraction: float
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class NoisyMaxDpEvent(de.DpEvent):
+    """Release of argmax_i (u_i + G_i), G_i i.i.d. Gumbel(0, ``gumbel_scale``), over utilities u_i that one
+    added or removed example changes by at most 1, all in the same direction (validation correct-counts:
+    adding an example adds 0 or 1 to every count). Only the index is released, never a noised value.
+
+    By the Gumbel-max trick this is the exponential mechanism P[i] ∝ exp(u_i/β), β = ``gumbel_scale``
+    (McSherry & Talwar 2007). With monotone utilities of sensitivity 1 it is (1/β)-bounded-range (Dong,
+    Durfee & Rogers 2020, "Optimal Differential Privacy Composition for Exponential Mechanisms"), hence
+    1/(8β²)-zCDP (Cesar & Rogers, ALT 2021, "Bounding, Concentrating, and Truncating"), and (1/β)-DP.
+    RDP at order λ: min(λ/(8β²), 1/β) — the Gaussian mechanism's curve at noise multiplier 2β, capped.
+    """
+
+    gumbel_scale: float
+
+
+def with_selection(search: de.DpEvent, selection: NoisyMaxDpEvent | None) -> de.DpEvent:
+    """A search's charge: its trials, composed with the one selection release when it is a noisy max."""
+    return search if selection is None else de.ComposedDpEvent([search, selection])
+
+
+def split_selection(search: de.DpEvent) -> tuple[de.DpEvent, NoisyMaxDpEvent | None]:
+    """The inverse of :func:`with_selection`: (the trials' event, the noisy-max selection or None)."""
+    if (isinstance(search, de.ComposedDpEvent) and len(search.events) == 2
+            and isinstance(search.events[1], NoisyMaxDpEvent)):
+        return search.events[0], search.events[1]
+    return search, None
 
 
 def score_event(*, score_noise: float | None) -> de.DpEvent:
@@ -78,7 +113,8 @@ def trial_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
 _ALLOWED: Mapping[str, type[de.DpEvent]] = MappingProxyType({
     c.__name__: c
     for c in (de.NoOpDpEvent, de.GaussianDpEvent, de.PoissonSampledDpEvent, de.SelfComposedDpEvent,
-              de.ComposedDpEvent, de.RepeatAndSelectDpEvent, WorstCaseDpEvent, SubsampledMechanismDpEvent)
+              de.ComposedDpEvent, de.RepeatAndSelectDpEvent, WorstCaseDpEvent, SubsampledMechanismDpEvent,
+              NoisyMaxDpEvent)
 })
 
 

@@ -11,15 +11,15 @@ from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._amplify import check_fraction
 from dptune.accounting._calibrate import calibrate_sigma
 from dptune.accounting._catalogue import alternative_rules, stopping_rule
-from dptune.accounting._events import WorstCaseDpEvent, trial_event
+from dptune.accounting._events import NoisyMaxDpEvent, WorstCaseDpEvent, trial_event, with_selection
 from dptune.accounting._rdp import epsilon
 from dptune.accounting._rules import StoppingRule
 from dptune.accounting._subsample import subsampled_search_event
-from dptune.config import ConfigError, SearchSpace, support_values
+from dptune.config import ConfigError, SearchSpace, check_trial_score_noise, support_values
 from dptune.errors import check_positive
 
-__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "scaled_trial_sigma", "sigma_floor",
-           "worst_case_event"]
+__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "scaled_trial_sigma", "selection_event",
+           "sigma_floor", "worst_case_event"]
 
 SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP series converge slowly
 
@@ -120,7 +120,11 @@ def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None 
     trials run at q = B/(f·n), T = ⌈epochs·f·n/B⌉ (fixed before the subsample is drawn), and the whole
     search is amplified by Zhu & Wang (2019, Thm. 6); see ``_subsample`` (whose ``search_parts`` inverts
     the charge).
+
+    With ``privacy.selection: noisy_max`` (the scaled searcher) trials release no score; the search's charge
+    is their composition with the one report-noisy-max that picks the candidate (``NoisyMaxDpEvent``).
     """
+    check_trial_score_noise(space)  # what the trials run is what privacy says, or nothing is planned
     p = space.privacy
     rule = stopping or stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
     if sigma_low is None and space.searcher == "scaled":
@@ -129,8 +133,10 @@ def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None 
     points = reachable_points(space, n_train, sigma_low=sigma_low, tune_fraction=f)
     t_event = worst_case_event(points)
 
+    selection = selection_event(space)
+
     def charge(r: StoppingRule) -> de.DpEvent:
-        return subsampled_search_event(r.search_event(t_event), fraction=f)
+        return with_selection(subsampled_search_event(r.search_event(t_event), fraction=f), selection)
 
     s_event = charge(rule)
     alternatives = {}
@@ -139,6 +145,16 @@ def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None 
     return Plan(stopping=rule, delta=p.delta, points=points, trial_event=t_event, search_event=s_event,
                 trial_epsilon=epsilon([t_event], p.delta), search_epsilon=epsilon([s_event], p.delta),
                 n_train=n_train, alternatives=alternatives)
+
+
+def selection_event(space: SearchSpace) -> NoisyMaxDpEvent | None:
+    """The search-level selection release: a noisy max at the Gumbel scale ``privacy.score_noise`` (the
+    trials then release nothing), or None when each trial's own noised score is charged with the trial."""
+    p = space.privacy
+    if p.selection != "noisy_max":
+        return None
+    assert p.score_noise is not None  # config.check_privacy: a private validation split needs noise
+    return NoisyMaxDpEvent(float(p.score_noise))
 
 
 def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
@@ -166,6 +182,7 @@ def scaled_trial_sigma(space: SearchSpace, n_train: int) -> float:
                         stopping=stopping_rule("composed", mean=p.mean))
     if sigma is None:
         raise ConfigError("privacy.search_share", f"{p.search_share:g} of epsilon {p.target_epsilon:g} does not pay "
-                          f"for {p.mean:g} score releases even at noise multiplier {SIGMA_FLOOR_RANGE[1]:g}",
+                          f"for {p.mean:g} trials' score releases (or the noisy max) even at noise multiplier "
+                          f"{SIGMA_FLOOR_RANGE[1]:g}",
                           "raise privacy.search_share or privacy.score_noise, or use fewer candidates")
     return sigma

@@ -3,7 +3,8 @@
 :func:`rdp_of` is the one interpreter: it dispatches on the type of every event dptune writes, anywhere
 in the tree. Leaf mechanisms (Gaussian, Poisson-subsampled Gaussian) are evaluated with dp_accounting's
 RdpAccountant (Mironov, Talwar & Zhang 2019); composition adds curves (Mironov 2017, Prop. 1), a worst case
-takes their pointwise maximum (quasi-convexity), random stopping is Papernot & Steinke (2022) Thms. 2/6
+takes their pointwise maximum (quasi-convexity), a noisy max is capped zCDP (``_events.NoisyMaxDpEvent``),
+random stopping is Papernot & Steinke (2022) Thms. 2/6
 (``_stopping``) and subsampling Zhu & Wang (2019) Thm. 6 (``_amplify``). :func:`epsilon` composes a sequence
 of events and converts once (``_convert``): what the planner, certificates, the ledger and calibration charge.
 """
@@ -11,6 +12,7 @@ of events and converts once (``_convert``): what the planner, certificates, the 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,7 +21,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
 from dptune.accounting._amplify import poisson_subsampled_rdp
 from dptune.accounting._convert import ORDERS, rdp_to_epsilon
-from dptune.accounting._events import SubsampledMechanismDpEvent, WorstCaseDpEvent
+from dptune.accounting._events import NoisyMaxDpEvent, SubsampledMechanismDpEvent, WorstCaseDpEvent
 from dptune.accounting._stopping import random_stopping_rdp
 
 __all__ = ["epsilon", "rdp_of"]
@@ -50,6 +52,12 @@ def rdp_of(event: de.DpEvent) -> np.ndarray:
         return np.max([rdp_of(e) for e in event.events], axis=0)
     if isinstance(event, de.RepeatAndSelectDpEvent):
         return random_stopping_rdp(ORDERS, rdp_of(event.event), mean=event.mean, shape=event.shape)
+    if isinstance(event, NoisyMaxDpEvent):
+        # 1/(8β²)-zCDP and (1/β)-DP (Cesar & Rogers 2021; an ε-DP mechanism's RDP is at most ε at every order)
+        beta = float(event.gumbel_scale)
+        if not (math.isfinite(beta) and beta > 0):
+            raise ValueError(f"NoisyMaxDpEvent: gumbel_scale {beta!r} is not a positive number")
+        return np.minimum(ORDERS / (8 * beta**2), 1 / beta)
     if isinstance(event, SubsampledMechanismDpEvent):
         return poisson_subsampled_rdp(ORDERS, rdp_of(event.event), fraction=event.fraction)
     raise TypeError(f"dptune cannot account for {type(event).__name__}")

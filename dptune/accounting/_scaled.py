@@ -18,7 +18,6 @@ searcher (see its docstring), and says whether it is expected to pay.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -80,7 +79,8 @@ class ScaledAdvice:
     * ``transfer`` r = σ_c / σ_f: at the same update noise lr·σ a cheap trial's gradient signal is 1/r of the
       final run's, so its ranking transfers imperfectly: discount 1/(1 + log₂ r);
     * ``expected_gain`` = ρ·s·e(K)/(1 + log₂ r): picking the best of the K candidates on scores with error
-      err² = (σ_s/n_val)² + 1/(4 n_val), ρ = s/√(s² + err²), e(K) = E[max of K standard normals];
+      err² = (σ_s/n_val)² + 1/(4 n_val) (σ_s: the score noise's std, or a noisy max's Gumbel std π·β/√6),
+      ρ = s/√(s² + err²), e(K) = E[max of K standard normals];
     * ``proxy`` = expected_gain − ℓ·log₂(noise_ratio). The search is expected to pay when the proxy is at
       least ``min_gain``: a gain smaller than that is not worth a search whose pick can also go wrong.
     """
@@ -128,7 +128,7 @@ def advise_scaled(space: SearchSpace, n_train: int, *, target_epsilon: float | N
         check_positive(name, value, "give a prior from a public proxy task, e.g. 0.02")
     if target_epsilon is not None:
         check_positive("target_epsilon", target_epsilon, "choose e.g. 2.0")
-        space = dataclasses.replace(space, privacy=dataclasses.replace(space.privacy, target_epsilon=target_epsilon))
+        space = space.with_privacy(target_epsilon=target_epsilon)
     p = space.privacy
     assert p.target_epsilon is not None and p.score_noise is not None  # config.check_scaled
     n_val = space.dataset.validation_size if n_val is None else n_val
@@ -142,7 +142,9 @@ def advise_scaled(space: SearchSpace, n_train: int, *, target_epsilon: float | N
     t_f = trial_steps(epochs=f.epochs, batch_size=f.batch_size, basis=final_n)
     ratio = (scaled.final_sigma / (f.batch_size * math.sqrt(t_f))) / (sigma_a / (d.batch_size * math.sqrt(t_a)))
     transfer = scaled.trial_sigma / scaled.final_sigma
-    err = math.hypot(p.score_noise / n_val, math.sqrt(0.25 / n_val))
+    # the selection's noise per candidate: a Gaussian score's std, or a Gumbel's (π/√6 × its scale)
+    per_count = p.score_noise * (math.pi / math.sqrt(6) if p.selection == "noisy_max" else 1.0)
+    err = math.hypot(per_count / n_val, math.sqrt(0.25 / n_val))
     rho = accuracy_spread / math.hypot(accuracy_spread, err)
     gain = rho * accuracy_spread * expected_max(len(scaled.candidates)) / (1 + math.log2(max(1.0, transfer)))
     return ScaledAdvice(

@@ -29,7 +29,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting._amplify import check_fraction
 from dptune.accounting._catalogue import rule_of_search_event
-from dptune.accounting._events import SubsampledMechanismDpEvent, WorstCaseDpEvent
+from dptune.accounting._events import SubsampledMechanismDpEvent, WorstCaseDpEvent, split_selection
 from dptune.accounting._rules import StoppingRule
 from dptune.errors import ConfigError
 
@@ -84,8 +84,10 @@ def search_parts(search_event: de.DpEvent) -> tuple[de.DpEvent, StoppingRule, fl
     """(worst-case trial event, stopping rule, tune fraction) of a search's charge — the inverse of
     ``subsampled_search_event(rule.search_event(trial), fraction=f)`` (what ``plan_search`` charges).
 
-    ``ValueError`` for an event that is not such a charge.
+    A noisy-max selection composed with the trials (``with_selection``) is set aside: the trials' part is
+    returned. ``ValueError`` for an event that is not such a charge.
     """
+    search_event, _ = split_selection(search_event)
     inner, fraction = search_event, 1.0
     head = search_event.events[0] if isinstance(search_event, WorstCaseDpEvent) and search_event.events else None
     if isinstance(head, SubsampledMechanismDpEvent):
