@@ -33,9 +33,16 @@ the non-private held-out measurement. Modes, paired per row (same split, same fi
      once at σ_c (calibrated so that the |candidates| trials cost the same share), lr L·σ_f/σ_c, the best
      noised score wins. Since the scaled searcher landed, σ_c and σ_f come from dptune's own ``plan_scaled`` on
      ``search_spaces/mnist_scaled.yaml`` (the committed results used this bench's own calibration, rel. tol.
-     0.002: the same σ to 3 digits, 21.51 / 8.87 / 4.52 and 2.488 / 1.489 / 1.011 at ε 1 / 2 / 4). (g) is the primary mode, declared before the first run of (g), (n) or (f) on the
-     evaluation seeds; (n) and (f) are reported beside it. Every row's results are kept in the .json beside the
-     report (``--reuse`` takes the (a)/(o) grid of matching rows from such a file instead of rerunning it).
+     0.002: the same σ to 3 digits, 21.51 / 8.87 / 4.52 and 2.488 / 1.489 / 1.011 at ε 1 / 2 / 4). (g) was the
+     primary mode on seeds 5–9, declared before the first run of (g), (n) or (f) on them; (n) and (f) are
+     reported beside it. Since the noisy max landed, (g) runs that space with ``privacy.selection: best_score``
+     and score noise 40 (what it ran before). Every row's results are kept in the .json beside the report
+     (``--reuse`` takes the (a)/(o) grid of matching rows from such a file instead of rerunning it);
+(m)  dptune's scaled searcher as shipped (``search_spaces/mnist_scaled.yaml``, ``--modes m``): the trials of (g),
+     releasing no score; one report-noisy-max (Gumbel scale 9 on the validation correct-counts, dptune's own
+     ``release.select_noisy_max``) picks the candidate, charged once (the cost of (g)'s five Gaussian scores of
+     std 40, with 3.5× less noise on the choice). (m) is the primary mode from split seed 16 on, declared before
+     its first run on any seed.
 
 Trials run in-process (``dptune.dpsgd.run_trial``), tasks spread over ``--jobs`` worker processes, torch at 1
 thread each; random-search draws come from dptune's ``make_draw`` with the secret seed replaced by the row's.
@@ -94,13 +101,14 @@ SCALED_SCORE_NOISE = 40.0  # std on the validation correct-count (1,000 examples
 # same lr·σ, i.e. the same update noise, as the final run would have with L).
 NOISE_LRS = (0.2, 0.4, 0.8, 1.6, 3.2)
 NOISE_SHARE = 0.3
-MODES = ("a", "o", "b", "d", "s", "n", "f", "g")
+MODES = ("a", "o", "b", "d", "s", "n", "f", "g", "m")
 MODE_NAMES = {"a": "(a) literature default (Opacus MNIST), whole ε", "o": "(o) oracle grid, test-scored (not private)",
               "b": "(b) random search + final", "d": f"(d) subsample f={FRACTION_D:g} search + final",
               "s": "(s) linear scaling rule (Panda et al.) + final",
               "n": "(n) noise-scaled rule, two levels pooled + final",
               "f": "(f) noise-scaled rule, per-level fit in log σ + final",
-              "g": "(g) noise-scaled rule, one cheap level (primary; dptune's design) + final"}
+              "g": "(g) noise-scaled rule, one cheap level, a Gaussian score per trial + final",
+              "m": "(m) dptune's scaled searcher: (g) with a noisy-max selection (primary) + final"}
 
 
 def eps_of(events: list[de.DpEvent]) -> float:
@@ -180,6 +188,7 @@ class OneLevelPlan:
     events: tuple[Any, ...]
     epsilon: float
     steps: int
+    gumbel_scale: float | None  # (m): the noisy max's scale; (g): None (a Gaussian score per trial)
 
     def trial_lr(self, final_lr: float) -> float:
         return final_lr * self.sigma_final / self.sigma
@@ -192,6 +201,7 @@ class EpsPlan:
     scaled: ScaledPlan
     noise: NoisePlan
     one: OneLevelPlan
+    noisy: OneLevelPlan
     verdicts: dict[str, str]
 
 
@@ -249,28 +259,35 @@ def _noise_plan(eps: float) -> NoisePlan:
     return NoisePlan((2 * s2, s2), sigma_f, tuple(evs), eps_of(evs), steps)
 
 
-def _one_level_plan(eps: float) -> OneLevelPlan:
-    """dptune's own scaled searcher plan (``search_spaces/mnist_scaled.yaml`` at total ``eps``): the bench runs
-    what ``python -m dptune.search`` on that space runs, trial for trial (checked against this bench's settings)."""
+def _one_level_plan(eps: float, *, noisy_max: bool) -> OneLevelPlan:
+    """dptune's own scaled searcher plan (``search_spaces/mnist_scaled.yaml`` at total ``eps``; (g): with a
+    Gaussian score of std ``SCALED_SCORE_NOISE`` per trial instead of the noisy max): the bench runs what
+    ``python -m dptune.search`` on that space runs, trial for trial (checked against this bench's settings)."""
     from dptune.accounting import plan_scaled
     from dptune.config import load_space
 
-    space = load_space(ROOT / "search_spaces" / "mnist_scaled.yaml")
-    space = dataclasses.replace(space, privacy=dataclasses.replace(space.privacy, target_epsilon=eps))
-    mine = (NOISE_LRS, SCALED_BATCH, NOISE_SHARE, SCALED_SCORE_NOISE, base_space().fixed.epochs, N_TRAIN + N_VAL)
+    space = load_space(ROOT / "search_spaces" / "mnist_scaled.yaml").with_privacy(target_epsilon=eps)
+    assert space.privacy.selection == "noisy_max", "mnist_scaled.yaml no longer ships the noisy max"
+    if not noisy_max:
+        space = space.with_privacy(selection="best_score", score_noise=SCALED_SCORE_NOISE)
+    if os.environ.get(QUICK_ENV):  # smoke check only: the same fewer epochs as every other mode
+        e = float(os.environ[QUICK_ENV])
+        space = dataclasses.replace(space, fixed=space.fixed.replace(epochs=e), default=space.default.replace(epochs=e))
+    mine = (NOISE_LRS, SCALED_BATCH, NOISE_SHARE, base_space().fixed.epochs, N_TRAIN + N_VAL)
     plan = plan_search(space, N_TRAIN, compare=False)
     sp = plan_scaled(space, plan, final_n=N_FINAL)
-    assert mine == (sp.candidates, space.fixed.batch_size, space.privacy.search_share, space.privacy.score_noise,
-                    space.fixed.epochs, N_FINAL), "bench settings differ from search_spaces/mnist_scaled.yaml"
+    assert mine == (sp.candidates, space.fixed.batch_size, space.privacy.search_share, space.fixed.epochs,
+                    N_FINAL), "bench settings differ from search_spaces/mnist_scaled.yaml"
     steps = trial_steps(epochs=space.fixed.epochs, batch_size=SCALED_BATCH, basis=N_TRAIN)
-    return OneLevelPlan(sp.trial_sigma, sp.final_sigma, (plan.search_event,), plan.search_epsilon, steps)
+    return OneLevelPlan(sp.trial_sigma, sp.final_sigma, (plan.search_event,), plan.search_epsilon, steps,
+                        space.privacy.score_noise if noisy_max else None)
 
 
 def make_plan(eps: float) -> EpsPlan:
     b, vb = _search_plan(eps, 1.0)
     d, vd = _search_plan(eps, FRACTION_D)
-    return EpsPlan(eps, {"b": b, "d": d}, _scaled_plan(eps), _noise_plan(eps), _one_level_plan(eps),
-                   {"f=1": vb, f"f={FRACTION_D:g}": vd})
+    return EpsPlan(eps, {"b": b, "d": d}, _scaled_plan(eps), _noise_plan(eps), _one_level_plan(eps, noisy_max=False),
+                   _one_level_plan(eps, noisy_max=True), {"f=1": vb, f"f={FRACTION_D:g}": vd})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -407,18 +424,31 @@ def _noise_scaled(plan: NoisePlan, eps: float, seed: int, data: Any, merged: Any
 
 
 def _one_level(plan: OneLevelPlan, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
+    """(g): the best Gaussian-noised score wins; (m): the trials release nothing, dptune's noisy max picks."""
     from dptune.dpsgd import run_trial
+    from dptune.release import select_noisy_max
+    from dptune.trials import TrialRow
 
     space = bench_space(1.0, SCALED_SCORE_NOISE)
-    trials, scores = [], []
+    score_noise = SCALED_SCORE_NOISE if plan.gumbel_scale is None else None
+    trials, scores, rows = [], [], []
     for j, lr_f in enumerate(NOISE_LRS):
         cfg = space.fixed.replace(batch_size=SCALED_BATCH, learning_rate=plan.trial_lr(lr_f),
-                                  noise_multiplier=plan.sigma, seed=52_711 * (seed + 1) + j)
+                                  noise_multiplier=plan.sigma, seed=52_711 * (seed + 1) + j, score_noise=score_noise)
         r = run_trial(cfg, data)
-        assert r.steps == plan.steps and r.applied_score_noise == SCALED_SCORE_NOISE
+        assert r.steps == plan.steps and r.applied_score_noise == score_noise
         scores.append(r.score if math.isfinite(r.score) else -math.inf)
         trials.append({"lr_final": lr_f, "lr": cfg.learning_rate, "score": r.score, "val_raw": r.val_accuracy_raw})
-    cfg = space.fixed.replace(batch_size=SCALED_BATCH, learning_rate=NOISE_LRS[int(np.argmax(scores))])
+        rows.append(TrialRow(index=j, params={}, seed="", score=r.score, val_accuracy_raw=r.val_accuracy_raw,
+                             diverged=r.diverged))
+    pick = int(np.argmax(scores))
+    if plan.gumbel_scale is not None:  # the selection stream: the row's (dptune.search: the sealed draw's)
+        best, noised = select_noisy_max(rows, gumbel_scale=plan.gumbel_scale, n_val=N_VAL, seed=91_367 * (seed + 1))
+        assert best is not None
+        pick = best.index
+        for t, v in zip(trials, noised):
+            t["noised_count"] = v
+    cfg = space.fixed.replace(batch_size=SCALED_BATCH, learning_rate=NOISE_LRS[pick])
     out = _final(cfg, list(plan.events), eps, merged, seed)
     assert abs(out["sigma_final"] - plan.sigma_final) < 1e-9
     return {"trials": trials, "eps_search": plan.epsilon, **out}
@@ -441,8 +471,8 @@ def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
     elif task == "n":
         out = _noise_scaled(plan.noise, eps, seed, data, merged)
         out["test"] = out["n"]["test"]
-    elif task == "g":
-        out = _one_level(plan.one, eps, seed, data, merged)
+    elif task in ("g", "m"):
+        out = _one_level(plan.one if task == "g" else plan.noisy, eps, seed, data, merged)
     else:
         out = _scaled(plan.scaled, eps, seed, data, merged)
     return {"epsilon": eps, "seed": seed, "task": task, "seconds": time.time() - t0, **out}
@@ -452,14 +482,14 @@ def run_task(plan: EpsPlan, seed: int, task: str) -> dict[str, Any]:
 # statistics and report
 
 
-TASK_MODES = {"g": ("g",), "n": ("n", "f"), "b": ("b",), "d": ("d",), "s": ("s",)}  # task -> the modes it measures
+TASK_MODES = {"m": ("m",), "g": ("g",), "n": ("n", "f"), "b": ("b",), "d": ("d",), "s": ("s",)}  # task -> the modes it measures
 
 
 def mode_values(cell: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Per row: (a) = grid point 0 (the default), (o) = best grid point on test, the tuned modes run."""
     grid = [cell[f"grid{i}"]["test"] for i in range(len(ORACLE_GRID))]
     out = {"a": grid[0], "o": max(grid)}
-    for m in ("b", "d", "s", "g"):
+    for m in ("b", "d", "s", "g", "m"):
         if m in cell:
             out[m] = cell[m]["test"]
     if "n" in cell:
@@ -502,11 +532,14 @@ def _privacy_rows(eps: float, pl: EpsPlan, rows: list[dict[str, dict[str, Any]]]
                    f"ε {sc.eps_levels[0]:.3f} / {sc.eps_levels[1]:.3f}, σ_s {SCALED_SCORE_NOISE:g} | "
                    f"{2 * sc.sigma2:.2f} / {sc.sigma2:.2f} | {sc.epsilon:.3f} | "
                    f"{rng(lambda r: r['s']['sigma_final'])} | {rng(lambda r: r['s']['eps_total'])} |")
-    if "g" in tasks:
-        g = pl.one
-        out.append(f"| {eps:g} | g | B {SCALED_BATCH}, final-lr candidates {NOISE_LRS}, each once at trial lr "
-                   f"L·σ_f/σ_c, share {NOISE_SHARE:.0%}, σ_s {SCALED_SCORE_NOISE:g} | {g.sigma:.2f} | "
-                   f"{g.epsilon:.3f} | {g.sigma_final:.3f} | {rng(lambda r: r['g']['eps_total'])} |")
+    for m in ("m", "g"):
+        if m in tasks:
+            g = pl.noisy if m == "m" else pl.one
+            sel = (f"noisy max, Gumbel scale {g.gumbel_scale:g}" if g.gumbel_scale is not None
+                   else f"σ_s {SCALED_SCORE_NOISE:g}")
+            out.append(f"| {eps:g} | {m} | B {SCALED_BATCH}, final-lr candidates {NOISE_LRS}, each once at trial lr "
+                       f"L·σ_f/σ_c, share {NOISE_SHARE:.0%}, {sel} | {g.sigma:.2f} | "
+                       f"{g.epsilon:.3f} | {g.sigma_final:.3f} | {rng(lambda r, m=m: r[m]['eps_total'])} |")
     if "n" in tasks:
         nz = pl.noise
         out.append(f"| {eps:g} | n / f | B {SCALED_BATCH}, final-lr candidates {NOISE_LRS}, each at trial lr "
@@ -521,6 +554,8 @@ def _row_line(eps: float, seed: int, v: dict[str, dict[str, Any]], tasks: list[s
         return f"B {x['batch_size']} lr {x['lr']:.3g} → {100 * x['test']:.1f}"
 
     cols = [" ".join(f"{100 * v[f'grid{i}']['test']:.1f}" for i in range(len(ORACLE_GRID)))]
+    if "m" in tasks:
+        cols.append(" ".join(f"{100 * t['val_raw']:.1f}" for t in v["m"]["trials"]) + f" → {rel(v['m'])}")
     if "g" in tasks:
         cols.append(" ".join(f"{100 * t['score']:.0f}" for t in v["g"]["trials"]) + f" → {rel(v['g'])}")
     for t in ("b", "d"):
@@ -542,7 +577,7 @@ def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str,
     from tuning_value import paired_stats  # the digits bench's paired bootstrap + t-test
 
     done = {k: v for k, v in cells.items() if len(v) == len(tasks)}
-    modes = ["a", "o"] + [m for t in ("g", "n", "b", "d", "s") if t in tasks for m in TASK_MODES[t]]
+    modes = ["a", "o"] + [m for t in ("m", "g", "n", "b", "d", "s") if t in tasks for m in TASK_MODES[t]]
     lines = ["# Does private tuning pay on MNIST? (bench/tuning_value.py --dataset mnist, issue 13)", "",
              f"Status: {'complete' if len(done) == len(args.rows) else f'PARTIAL: {len(done)}/{len(args.rows)} rows'}"
              f"; wall time {elapsed / 60:.1f} min ({args.jobs} workers, 1 torch thread each).", "",
@@ -574,7 +609,7 @@ def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str,
             lines.append(f"| {eps:g} | {MODE_NAMES[m]} | {len(v)} | {100 * v.mean():.1f}{sd} | {100 * mean:+.1f} "
                          f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {p:.3g} | {sig} | {sh:.2f} [{slo:.2f}, {shi:.2f}] |")
     heads = ["grid (test %, same order as the grid)"] + [h for t, h in (
-        ("g", "(g) noised scores % (candidates in order) → released"), ("b", "(b) K → released"), ("d", "(d) K → released"), ("s", "(s) best r per level → final lr"),
+        ("m", "(m) raw validation accuracy % (sealed; candidates in order) → released by the noisy max"), ("g", "(g) noised scores % (candidates in order) → released"), ("b", "(b) K → released"), ("d", "(d) K → released"), ("s", "(s) best r per level → final lr"),
         ("n", "(n/f) noised scores % per level (σ₁ row / σ₂ row, candidates in order) → released")) if t in tasks]
     lines += ["", "## Per row", "", "| ε | seed | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
     lines += [_row_line(eps, seed, v, tasks) for (eps, seed), v in sorted(done.items())]
@@ -590,8 +625,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--epsilons", default="2,4,1")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--first-seed", type=int, default=0, help="split seeds first-seed .. first-seed + seeds - 1")
-    p.add_argument("--modes", default="g,b,d,s",
-                   help="tuned modes to run beside (a)/(o): any of g,n,b,d,s (default: all but the variants n/f)")
+    p.add_argument("--modes", default="m,g,b,d,s",
+                   help="tuned modes to run beside (a)/(o): any of m,g,n,b,d,s (default: all but the variants n/f)")
     p.add_argument("--reuse", help="a .json this bench wrote: take its (a)/(o) grid results of matching rows")
     p.add_argument("--quick", action="store_true", help="smoke check: 1 seed, ε = 4, 1 epoch (not a result)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_mnist_all.md"))
