@@ -163,3 +163,13 @@ def test_a_space_whose_trials_disagree_with_its_privacy_is_refused() -> None:
     with pytest.raises(ConfigError) as e:
         A.plan_search(stale, 8000)
     assert e.value.field == "privacy.score_noise"
+
+
+def test_curator_report_reads_a_noisy_max_charge() -> None:
+    """``search_parts`` (the curator report's plots) sets the selection aside and returns the trials' part."""
+    space = load_space(DIGITS_SCALED)
+    plan = A.plan_search(space, 1257)
+    trial, rule, fraction = A.search_parts(plan.search_event)
+    assert (trial, rule.label(), fraction) == (plan.trial_event, "composed(3 trials)", 1.0)
+    assert A.split_selection(plan.search_event)[1] == A.NoisyMaxDpEvent(2.6)
+    assert A.epsilon([rule.search_event(trial), A.NoisyMaxDpEvent(2.6)], 1e-5) == pytest.approx(plan.search_epsilon)
