@@ -87,7 +87,7 @@ def check_trial_score_noise(s: SearchSpace) -> None:
     """What every trial runs (``fixed.score_noise``, charged per trial) must be what ``privacy`` says: a space
     whose privacy was replaced without its trials (use ``SearchSpace.with_privacy``) would release a raw or
     differently noised score."""
-    expected = None if s.dataset.public_validation or s.privacy.selection == "noisy_max" else s.privacy.score_noise
+    expected = None if s.dataset.public_validation else s.privacy.trial_score_noise
     for which, cfg in (("fixed", s.fixed), ("default", s.default)):
         if cfg.score_noise != expected:
             raise ConfigError("privacy.score_noise", f"the trials' own score noise ({which}: {cfg.score_noise}) is not "
