@@ -94,13 +94,14 @@ class _Prepared:
     fingerprint: str
     spec: dict[str, Any]
     scaled: ScaledPlan | None  # the scaled searcher's trials and final σ
+    notes: tuple[str, ...] = ()  # what the clipping guard chose instead of auto's default mode
 
 
 def _prepare(req: SearchRequest) -> _Prepared:
     from dptune.data import load_dataset
 
     data = load_dataset(req.space.dataset)
-    _validate_models(req.space, data)
+    notes = _validate_models(req.space, data)
     n_train = int(len(data.train[1]))
     # δ ≥ 1/n admits publishing one random example in the clear (n: the smaller, training split)
     check_delta("privacy.delta", req.space.privacy.delta, n_train)
@@ -108,18 +109,35 @@ def _prepare(req: SearchRequest) -> _Prepared:
     # the scaled searcher plans the final run its printed dptune.train command makes: on train + validation
     scaled = None if req.space.searcher != "scaled" else plan_scaled(
         req.space, plan, final_n=n_train + int(len(data.val[1])))
-    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), scaled)
+    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), scaled, notes)
 
 
-def _validate_models(space: SearchSpace, data: Any) -> None:
-    """Every model the space can build (one per searched ``groups``) passes ``dpsgd.validate_model``: a bad
-    model is exit 2 before anything is charged, not a crashed trial inside a charged search."""
+def _validate_models(space: SearchSpace, data: Any) -> tuple[str, ...]:
+    """Every model and clipping engine the space can run (each searched value of the keys that change them)
+    passes ``dpsgd.validate_model`` and its clipping guard: a bad model is exit 2 before anything is charged,
+    not a crashed or under-clipped trial inside a charged search. Returns the guard's notes (auto fallbacks)."""
+    import itertools
+
     from dptune.config import support_values
     from dptune.dpsgd import validate_model
 
-    groups = support_values(space.space["groups"]) if "groups" in space.space else [space.fixed.groups]
-    for g in sorted(set(groups)):
-        validate_model(space.fixed.replace(groups=g), data.num_classes, data.input_shape)
+    options: dict[str, list[Any]] = {}
+    for key in _ENGINE_KEYS:
+        if key in space.space:
+            values = sorted(set(support_values(space.space[key])), key=str)
+            # batch sizes only decide between ghost and hooks (B + 4 sqrt(B) vs the physical batch): extremes
+            options[key] = [min(values), max(values)] if key in ("batch_size", "physical_batch_size") else values
+    notes: list[str] = []
+    for combo in itertools.product(*options.values()):
+        _, note = validate_model(space.fixed.replace(**dict(zip(options, combo, strict=True))),
+                                 data.num_classes, data.input_shape)
+        if note is not None and note not in notes:
+            notes.append(note)
+    return tuple(notes)
+
+
+_ENGINE_KEYS = ("model", "groups", "scale_norm", "fix_batchnorm", "clipping", "augmult", "optimizer",
+                "batch_size", "physical_batch_size")
 
 
 def _budget_key(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> str:
@@ -270,6 +288,8 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     charge, draw = (_resume if req.resume else _reserve)(req, run, ledger, p, say)
     say(f"dptune search {run.root.name!r}: space {req.space.name} ({req.space.searcher} search, "
         f"{p.plan.stopping.label()})")
+    for note in p.notes:
+        say(f"  {note}")
     say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
         f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
     try:

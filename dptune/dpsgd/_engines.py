@@ -89,6 +89,12 @@ class HooksEngine(Engine):
         losses = F.cross_entropy(self.gsm(x), y.repeat_interleave(k), reduction="none")
         losses = losses * _real_mask(len(y), n_real).repeat_interleave(k)
         (losses.sum() / k).backward()
+        for p in self.params:
+            rows = p.grad_sample.shape[0]  # type: ignore[attr-defined]
+            if rows != len(x):  # a layer over (N·P, d) rows: one example would be P rows, each clipped alone
+                raise ConfigError("clipping", f"hooks: a layer's per-sample gradients have {rows} rows for a batch "
+                                  f"of {len(x)} inputs (the layer does not see one row per example)",
+                                  "set fixed.clipping: functorch (whole-model vmap: exact for any model)")
         for p in self.params:  # per view -> per example; padding rows dropped
             p.grad_sample = p.grad_sample.view(-1, k, *p.shape).sum(1)[:n_real]  # type: ignore[attr-defined]
         return losses.detach().sum() / k
@@ -125,6 +131,7 @@ class GhostEngine(Engine):
 
     def __init__(self, model: nn.Module, optimizer: DPOptimizer, max_grad_norm: float) -> None:
         super().__init__(model, optimizer)
+        _refuse_unghostable(model)
         self.gsm = GhostClippingModule(model, batch_first=True, loss_reduction="mean",
                                        max_grad_norm=max_grad_norm, use_ghost_clipping=True)
         assert isinstance(optimizer, SummedDPOptimizer)
@@ -140,6 +147,22 @@ class GhostEngine(Engine):
             p.grad = torch.zeros_like(p)
 
 
+def _refuse_unghostable(model: nn.Module) -> None:
+    """Ghost norms assume zero padding and a weight used only inside its own module's hooked call: refuse
+    non-zero padding modes and a parameter shared by two modules (a weight used functionally elsewhere, e.g.
+    ``F.linear(h, emb.weight)``, is invisible here; the clipping guard's probe catches it)."""
+    owners: dict[int, str] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.conv._ConvNd) and m.padding_mode != "zeros":
+            raise ConfigError("clipping", f"ghost: layer {name} pads with {m.padding_mode!r}; ghost norms assume "
+                              "zero padding", "set fixed.clipping: functorch, or use padding_mode='zeros'")
+        for pname, p in m.named_parameters(recurse=False):
+            if id(p) in owners and p.requires_grad:
+                raise ConfigError("clipping", f"ghost: parameter {name}.{pname} is also {owners[id(p)]} (a tied "
+                                  "weight); ghost norms see one use of it", "set fixed.clipping: functorch")
+            owners[id(p)] = f"{name}.{pname}"
+
+
 class BookKeepingEngine(Engine):
     """Hand-written book-keeping clipping (Bu et al. 2023) for Conv2d/Linear/GroupNorm models: one
     backward to the layer outputs (no weight gradients), per-example norms per layer by the cheaper of
@@ -147,31 +170,52 @@ class BookKeepingEngine(Engine):
     weight-gradient GEMM with the outputs' gradients scaled by the clip factors. Ghost-optimizer API:
     p.grad holds the sum of clipped per-example gradients."""
 
-    SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)
+    SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)  # exact types: a subclass may transform its weight
 
     def __init__(self, model: nn.Module, optimizer: DPOptimizer, max_grad_norm: float) -> None:
         super().__init__(model, optimizer)
         self.clip = max_grad_norm
-        self.layers = [m for m in model.modules() if list(m.parameters(recurse=False))]
-        self.acts: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layers = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+        self.acts: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, int]] = {}
         for m in self.layers:
             m.register_forward_hook(self._save)
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        layers = [m for m in model.modules() if list(m.parameters(recurse=False))]
-        return all(isinstance(m, cls.SUPPORTED) and (not isinstance(m, nn.Conv2d) or
-                   (m.groups == 1 and m.padding_mode == "zeros" and isinstance(m.padding, tuple))) for m in layers)
+        """Only the exact layer types whose rules are written here, each with nothing but its own ``weight``
+        and ``bias`` (no extra parameter, no weight computed by a pre-forward hook as legacy weight_norm does)."""
+        return all(cls._supported(m) for m in model.modules() if list(m.parameters(recurse=False)))
+
+    @classmethod
+    def _supported(cls, m: nn.Module) -> bool:
+        names = {n for n, _ in m.named_parameters(recurse=False)}
+        if type(m) not in cls.SUPPORTED or not names <= {"weight", "bias"} or m._forward_pre_hooks:
+            return False
+        if not isinstance(getattr(m, "weight", None), nn.Parameter):
+            return False
+        return not isinstance(m, nn.Conv2d) or (m.groups == 1 and m.padding_mode == "zeros"
+                                                and isinstance(m.padding, tuple))
 
     def _save(self, m: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         if torch.is_grad_enabled():  # training forward only, not evaluation
-            self.acts[m] = (inputs[0].detach(), output)
+            if m in self.acts:  # its rule sees one call per forward; a second call's gradient would be lost
+                raise ConfigError("clipping", f"bookkeeping: a {type(m).__name__} layer is called twice in one "
+                                  "forward pass", "set fixed.clipping: functorch (exact for any model)")
+            self.acts[m] = (inputs[0].detach(), output, output._version)
 
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
         k, n = max(views, 1), len(y)
         self.acts = {}
         losses = F.cross_entropy(self.model(x), y.repeat_interleave(k), reduction="none")
         losses = losses * _real_mask(n, n_real).repeat_interleave(k) / k
+        if len(self.acts) != len(self.layers):
+            raise ConfigError("clipping", "bookkeeping: a layer with trainable parameters is not called in the "
+                              "forward pass", "set fixed.clipping: functorch, or freeze the unused layer")
+        for m in self.layers:  # the saved output must be the tensor the loss was computed from
+            if self.acts[m][1]._version != self.acts[m][2]:
+                raise ConfigError("clipping", f"bookkeeping: the output of a {type(m).__name__} layer is modified "
+                                  "in place (e.g. ReLU(inplace=True), out += identity)",
+                                  "use out-of-place ops (ReLU(), out = out + identity) or fixed.clipping: functorch")
         outs = [self.acts[m][1] for m in self.layers]
         grads = torch.autograd.grad(losses.sum(), outs)
         sq = x.new_zeros(n)
@@ -190,12 +234,21 @@ class BookKeepingEngine(Engine):
         self.acts = {}
         return losses.detach().sum()
 
+    @staticmethod
+    def _trains(p: object) -> bool:
+        return isinstance(p, torch.Tensor) and p.requires_grad
+
     def _sq_norm(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, n: int) -> torch.Tensor:
+        """Per-example squared gradient norm over the layer's trainable parameters (a frozen weight adds none)."""
+        b_sq: torch.Tensor | float = 0.0
         if isinstance(m, nn.GroupNorm):
+            gb = g.flatten(2).sum(2).view(n, -1, g.shape[1]).sum(1)
+            b_sq = (gb ** 2).sum(1) if self._trains(m.bias) else 0.0
+            if not self._trains(m.weight):
+                return a.new_zeros(n) + b_sq
             xhat = F.group_norm(a, m.num_groups, eps=m.eps)
             gw = (g * xhat).flatten(2).sum(2).view(n, -1, g.shape[1]).sum(1)
-            gb = g.flatten(2).sum(2).view(n, -1, g.shape[1]).sum(1)
-            return (gw ** 2).sum(1) + (gb ** 2).sum(1)
+            return (gw ** 2).sum(1) + b_sq
         if isinstance(m, nn.Conv2d):
             a = F.unfold(a, m.kernel_size, m.dilation, cast(tuple[int, ...], m.padding), m.stride).transpose(1, 2)  # (NK, T, d_in)
             g = g.flatten(2).transpose(1, 2)  # (NK, T, d_out)
@@ -203,12 +256,14 @@ class BookKeepingEngine(Engine):
             a, g = a.unsqueeze(1), g.unsqueeze(1)
         a = a.reshape(n, -1, a.shape[-1])  # the K views of an example are extra positions
         g = g.reshape(n, -1, g.shape[-1])
+        b_sq = (g.sum(1) ** 2).sum(1) if self._trains(m.bias) else 0.0
+        if not self._trains(m.weight):
+            return a.new_zeros(n) + b_sq
         t, d_in, d_out = a.shape[1], a.shape[2], g.shape[2]
         if t * t * (d_in + d_out) < t * d_in * d_out:  # ghost norm is cheaper
             w_sq = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
         else:
             w_sq = (torch.bmm(g.transpose(1, 2), a) ** 2).sum((1, 2))
-        b_sq = (g.sum(1) ** 2).sum(1) if m.bias is not None else 0.0
         return w_sq + b_sq
 
     def _clipped_sum(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor) -> None:
@@ -221,7 +276,8 @@ class BookKeepingEngine(Engine):
         else:
             grads = [g.t() @ a] + ([g.sum(0)] if m.bias is not None else [])
         for p, gp in zip([m.weight] + ([m.bias] if m.bias is not None else []), grads, strict=True):
-            p.grad = gp
+            if p.requires_grad:
+                p.grad = gp
 
     def empty(self) -> None:
         for p in self.params:

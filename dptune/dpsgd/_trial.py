@@ -17,7 +17,8 @@ from dptune.config import TrialConfig
 from dptune.data import Splits
 from dptune.dpsgd._audit import AuditHooks, apply_bug
 from dptune.dpsgd._charge import check_charged
-from dptune.dpsgd._engines import engine_mode, make_engine, resolve_clipping
+from dptune.dpsgd._engines import engine_mode, make_engine
+from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import Schedule, train_epoch
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
@@ -66,13 +67,15 @@ def init_model(config: TrialConfig, data: Splits, streams: TrialStreams | None =
     return checked_model(model, config)
 
 
-def schedule(config: TrialConfig, basis: float) -> Schedule:
-    """What the trial runs, from data-independent quantities only (basis = n, or f·n on a subsample)."""
+def schedule(config: TrialConfig, basis: float, num_classes: int, input_shape: tuple[int, ...]) -> Schedule:
+    """What the trial runs, from data-independent quantities only (basis = n, or f·n on a subsample; the
+    clipping mode the guard proved exact for the model on synthetic inputs: see ``_guard``)."""
     views = config.augmult
+    mode, _ = guarded_clipping(config, num_classes, input_shape)
     return Schedule(sampling_rate=sampling_rate(batch_size=config.batch_size, basis=basis),
                     steps=trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=basis),
                     steps_per_epoch=max(1, math.ceil(basis / config.batch_size)),
-                    clipping_mode=resolve_clipping(config, basis), views=views,
+                    clipping_mode=mode, views=views,
                     chunk=max(1, config.physical_batch_size // max(views, 1)), ema_decay=config.ema_decay)
 
 
@@ -101,7 +104,7 @@ def run_trial(
     dev = torch.device(device or "cpu")
     n = len(data.train[1])
     basis = n if sampling_basis is None else sampling_basis
-    sched = schedule(config, basis)
+    sched = schedule(config, basis, data.num_classes, data.input_shape)
     if charged_points is not None:
         check_charged(charged_points, noise_multiplier=config.noise_multiplier, sampling_rate=sched.sampling_rate,
                       steps=sched.steps, score_noise=config.score_noise)

@@ -6,7 +6,9 @@ Three checks, each a ConfigError naming field ``model`` (CLIs: exit 2, nothing c
 2. Opacus' own ``ModuleValidator`` (e.g. nn.LSTM, InstanceNorm with running stats), reported by layer name;
 3. a forward and backward pass of two synthetic, data-independent inputs through the per-sample-gradient
    engine the trial will use: wrong input or output shapes, and ops the engine cannot differentiate per
-   sample (in-place ops under Opacus' hooks, opacus issue #828), fail here instead of in a charged trial.
+   sample (in-place ops under Opacus' hooks, opacus issue #828), fail here instead of in a charged trial;
+4. the clipping guard (``_guard``): the engine measured against each example alone through autograd, so one
+   example provably moves the clipped sum by at most C for this model (ConfigError naming ``clipping``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from opacus.validators.errors import IllegalModuleConfigurationError, ShouldRepl
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
-from dptune.dpsgd._engines import make_engine, resolve_clipping
+from dptune.dpsgd._engines import make_engine
+from dptune.dpsgd._guard import guarded_clipping
 from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
 
 __all__ = ["checked_model", "validate_model"]
@@ -60,20 +63,32 @@ def _fix(error: Exception, layer: str) -> str:
     return f"replace the {layer} by a layer Opacus supports"
 
 
-def validate_model(config: TrialConfig, num_classes: int, input_shape: tuple[int, int, int]) -> None:
+def validate_model(config: TrialConfig, num_classes: int, input_shape: tuple[int, int, int]) -> tuple[str, str | None]:
     """Build the model of ``config`` for the data (BatchNorm fix applied), check it (see the module
-    docstring) and run the smoke step; ConfigError naming the field otherwise. Leaves the caller's RNG alone."""
+    docstring), run the smoke step and the clipping guard; ConfigError naming the field otherwise. Returns
+    the clipping mode trials will run and a note when ``auto`` fell back to an exact mode. Leaves the
+    caller's RNG alone."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = checked_model(build_model(config, num_classes, input_shape), config)
-        _smoke_step(model, config, num_classes, input_shape)
+        _smoke_forward(model, config, num_classes, input_shape)
+    mode, note = guarded_clipping(config, num_classes, input_shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = checked_model(build_model(config, num_classes, input_shape), config)
+        _smoke_backward(model, config, mode, num_classes, input_shape)  # float32, as the trial runs
+    return mode, note
 
 
-def _smoke_step(model: nn.Module, config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> None:
+def _smoke_inputs(config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     views = max(config.augmult, 1)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((SMOKE_EXAMPLES * views, *shape), generator=gen)  # synthetic: no data is read
-    y = torch.arange(SMOKE_EXAMPLES) % num_classes
+    return x, torch.arange(SMOKE_EXAMPLES) % num_classes
+
+
+def _smoke_forward(model: nn.Module, config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> None:
+    x, _ = _smoke_inputs(config, num_classes, shape)
     try:
         with torch.no_grad():
             out = model(x)
@@ -86,11 +101,14 @@ def _smoke_step(model: nn.Module, config: TrialConfig, num_classes: int, shape: 
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError("model", f"its output for a batch of {len(x)} inputs is {got}",
                           f"return logits of shape (batch, {num_classes})")
-    # the mode depends on the config alone (basis only bounds B, which the trial checks against n)
-    mode = resolve_clipping(config, basis=config.batch_size)
+
+
+def _smoke_backward(model: nn.Module, config: TrialConfig, mode: str, num_classes: int,
+                    shape: tuple[int, int, int]) -> None:
+    x, y = _smoke_inputs(config, num_classes, shape)
     try:
         engine = make_engine(mode, model, config, torch.Generator().manual_seed(0))
-        engine.backward(x, y, views)
+        engine.backward(x, y, max(config.augmult, 1))
     except ConfigError:
         raise
     except Exception as e:
