@@ -166,23 +166,28 @@ def day_of(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(timestamp))
 
 
-def write_release(release_dir: Path, document: dict[str, Any], certificate: Certificate, *, mtime: float,
-                  checkpoint: Path | None = None) -> list[Path]:
-    """Write ``best_config.yaml``, ``certificate.json`` (and ``best_checkpoint.pt``), every file and the
-    directory stamped with ``mtime`` (the reservation time: reveals the start, never the duration)."""
+def write_release(release_dir: Path, document: dict[str, Any], certificate: Certificate, *, ledger: Any,
+                  tokens: list[str], mtime: float, checkpoint: Path | None = None) -> Certificate:
+    """Write ``best_config.yaml`` (and ``best_checkpoint.pt``), then ``certificate.json`` bound to the ledger
+    charges ``tokens`` and to those files' SHA-256 (another search's config beside it is refused by
+    ``dptune.train``); every file and the directory stamped with ``mtime`` (the reservation time: reveals
+    the start, never the duration). Returns the bound certificate. ``ledger``: the ``dptune.ledger.Ledger``
+    that holds the charges (the driver's; this module does not open ledgers)."""
     release_dir.mkdir(exist_ok=True)
     cfg = release_dir / "best_config.yaml"
-    cfg.write_text("# Released by dptune.search: the best trial's complete config. Train it with\n"
-                   f"#   python -m dptune.train --release {release_dir}\n"
+    # no local path in a shared file: the command names the folder the recipient has
+    cfg.write_text("# Released by dptune.search: the best trial's complete config. The curator trains it with\n"
+                   "#   python -m dptune.train --release <this folder> --out <a new folder>\n"
                    + yaml.safe_dump(document, sort_keys=False))
-    files = [cfg, release_dir / "certificate.json"]
-    certificate.save(files[1])
+    files = {"best_config.yaml": cfg}
     if checkpoint is not None:
-        files.append(release_dir / "best_checkpoint.pt")
-        shutil.copyfile(checkpoint, files[-1])
-    for f in [*files, release_dir]:
+        files["best_checkpoint.pt"] = release_dir / "best_checkpoint.pt"
+        shutil.copyfile(checkpoint, files["best_checkpoint.pt"])
+    bound = certificate.bind(ledger, tokens, files)
+    bound.save(release_dir / "certificate.json")
+    for f in [*files.values(), release_dir / "certificate.json", release_dir]:
         os.utime(f, (mtime, mtime))
-    return files
+    return bound
 
 
 # ---------------------------------------------------------------------------------------------------

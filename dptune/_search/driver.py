@@ -290,11 +290,11 @@ def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, char
     budget_fp = run.read_state()["budget_fingerprint"]
     cert = search_certificate(req.space, p.plan, charge.event, dataset_id=ledger.dataset_id(budget_fp),
                               reproducible=draw.reproducible, created=day_of(charge.created), scaled=p.scaled)
-    cert = cert.bind(ledger, [charge.token])
     checkpoint = None
     if req.ray.save_model and best is not None and best.checkpoint:
         checkpoint = Path(best.checkpoint) / "model.pt"
-    write_release(run.release, document, cert, mtime=charge.created, checkpoint=checkpoint)
+    cert = write_release(run.release, document, cert, ledger=ledger, tokens=[charge.token], mtime=charge.created,
+                         checkpoint=checkpoint)
     ledger.commit(charge.id)
     run.write_state(status="released")
     return SearchOutcome(run, document, cert.epsilon, cert.delta, p.plan.stopping.label(), dashboard)

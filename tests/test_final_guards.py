@@ -1,0 +1,107 @@
+"""Final training guards on real releases (issue 22): the certificate binds the released config, a
+diverging final training records its charge and says so, no local path in a shared file. The searches
+here draw K = 0 (a NOT PRIVATE test seed): they release the space's default config without starting Ray."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dptune.certificate import load_certificate, verify_binding
+from dptune.config import parse_space
+from dptune.ledger import Ledger
+from dptune.train import main as train_main
+from tests.conftest import ROOT, digits_seed_with_k
+
+DIGITS = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
+
+
+def _space(name: str, sigma: float, learning_rate: float = 0.6, epochs: float = 1.0) -> dict[str, Any]:
+    raw = json.loads(json.dumps(DIGITS))
+    raw["name"] = name
+    raw["fixed"]["epochs"] = epochs
+    raw["space"]["noise_multiplier"] = {"type": "float", "low": sigma, "high": sigma + 1}
+    raw["space"]["learning_rate"] = {"type": "float", "low": learning_rate, "high": 2 * learning_rate, "log": True}
+    raw["default"].update(noise_multiplier=sigma, learning_rate=learning_rate)
+    return raw
+
+
+def _search(root: Path, name: str, raw: dict[str, Any]) -> Path:
+    from dptune._search.driver import SearchRequest, run_search
+
+    req = SearchRequest(space=parse_space(raw), run_dir=root / name, ledger=root / "ledger.sqlite",
+                        budget_epsilon=1000, seed=digits_seed_with_k(0, 0))
+    run_search(req, say=lambda line: None)
+    return root / name / "release"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import torch
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("guards")
+    return {"cheap": _search(root, "cheap", _space("cheap", 6.0)),
+            "expensive": _search(root, "expensive", _space("expensive", 1.5)),
+            "diverging": _search(root, "diverging", _space("diverging", 6.0, learning_rate=1e36)),
+            "ledger": root / "ledger.sqlite"}
+
+
+def _train(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = train_main(list(args))
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_another_searchs_best_config_in_a_cheap_release_is_refused(runs: dict[str, Path], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22 item 1: the expensive search's best_config.yaml copied into the cheap search's release (the
+    cheap certificate's ε would be claimed for the expensive config) — refused, exit 2, nothing charged."""
+    cheap, expensive = runs["cheap"], runs["expensive"]
+    assert load_certificate(expensive / "certificate.json").epsilon > load_certificate(cheap / "certificate.json").epsilon
+    forged = tmp_path / "cheap"
+    shutil.copytree(cheap.parent, forged)
+    shutil.copyfile(expensive / "best_config.yaml", forged / "release" / "best_config.yaml")
+    before = Ledger(runs["ledger"]).charges()
+    rc, _, err = _train(capsys, "--release", str(forged / "release"), "--out", str(tmp_path / "o"), "--seed", "1")
+    assert rc == 2 and "best_config.yaml: is not the file this certificate was released with" in err, err
+    assert Ledger(runs["ledger"]).charges() == before and not (tmp_path / "o" / "model.pt").exists()
+
+
+def test_a_certificate_whose_reproducible_flag_differs_from_the_sealed_draw_is_refused(
+        runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22 item 1: final training reads ``reproducible`` from the sealed draw itself."""
+    copy = tmp_path / "cheap"
+    shutil.copytree(runs["cheap"].parent, copy)
+    draw = json.loads((copy / "sealed" / "draw.json").read_text())
+    assert draw["reproducible"] is True  # a --seed search
+    (copy / "sealed" / "draw.json").write_text(json.dumps({**draw, "reproducible": False}))
+    before = Ledger(runs["ledger"]).charges()
+    rc, _, err = _train(capsys, "--release", str(copy / "release"), "--out", str(tmp_path / "o"), "--seed", "1")
+    assert rc == 2 and "certificate.guarantee.reproducible" in err, err
+    assert Ledger(runs["ledger"]).charges() == before
+
+
+def test_a_diverging_final_training_records_its_charge_and_says_so(runs: dict[str, Path], tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22 item 26: a final training that diverges (lr 1e36) commits its charge, writes a certificate and
+    a metrics.json saying it diverged (no model), and exits 1 with a clear message — no AssertionError."""
+    ledger = Ledger(runs["ledger"])
+    before = len(ledger.charges())
+    out = tmp_path / "o"
+    rc, _, err = _train(capsys, "--release", str(runs["diverging"]), "--out", str(out), "--seed", "1")
+    assert rc == 1 and "final training diverged" in err and "charge is spent and recorded" in err, err
+    charges = ledger.charges()
+    assert len(charges) == before + 1 and charges[-1].name.startswith("final_training")
+    assert charges[-1].status == "committed"
+    assert sorted(p.name for p in out.iterdir()) == ["certificate.json", "metrics.json"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["diverged"] is True and metrics["test_accuracy"] is None
+    cert = load_certificate(out / "certificate.json")
+    bound = verify_binding(cert, ledger, folder=out)  # metrics.json is bound; no model beside it
+    assert [c.token for c in bound] == cert.tokens() and bound[-1].token == charges[-1].token
