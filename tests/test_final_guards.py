@@ -105,3 +105,38 @@ def test_a_diverging_final_training_records_its_charge_and_says_so(runs: dict[st
     cert = load_certificate(out / "certificate.json")
     bound = verify_binding(cert, ledger, folder=out)  # metrics.json is bound; no model beside it
     assert [c.token for c in bound] == cert.tokens() and bound[-1].token == charges[-1].token
+
+
+def test_use_best_checkpoint_exports_a_scaled_searcher_release(tmp_path: Path) -> None:
+    """Issue 22 item 26: the scaled searcher releases the final run's settings (σ_f, lr·σ rule) while its best
+    checkpoint ran at the cheap σ_c with lr = L·σ_f/σ_c; the export checks the checkpoint against that and
+    labels the exported model with the config it was trained with. (Real Ray search, 2 candidates.)"""
+    import os
+
+    import torch
+
+    from tests.conftest import free_port, run_cli
+
+    raw = yaml.safe_load((ROOT / "search_spaces" / "digits_scaled.yaml").read_text())
+    raw["space"]["learning_rate"]["choices"] = [0.3, 0.6]
+    raw["privacy"]["mean"] = 2
+    (tmp_path / "scaled.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "home").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "DPTUNE_TEST_DRAW_SEED"}
+    env.update(HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1",
+               RAY_ADDRESS="local")
+    r = run_cli(["-m", "dptune.search", "--space", str(tmp_path / "scaled.yaml"), "--name", "s", "--runs-dir",
+                 str(tmp_path / "runs"), "--ledger", str(tmp_path / "l.sqlite"), "--budget-epsilon", "30",
+                 "--num-cpus", "2", "--dashboard-port", str(free_port()), "--smoke-test", "--save-checkpoint",
+                 "--seed", "3"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    release = tmp_path / "runs" / "s" / "release"
+    r = run_cli(["-m", "dptune.train", "--release", str(release), "--out", str(tmp_path / "o"),
+                 "--use-best-checkpoint"], env)
+    assert r.returncode == 0 and "no new charge" in r.stdout, r.stdout + r.stderr
+    cert = load_certificate(release / "certificate.json")
+    released = yaml.safe_load((release / "best_config.yaml").read_text())
+    trial_sigma = cert.details["scaled"]["trial_noise_multiplier"]
+    model = torch.load(tmp_path / "o" / "model.pt", weights_only=True)
+    assert model["config"]["noise_multiplier"] == trial_sigma != released["config"]["noise_multiplier"]
+    assert model["config"]["learning_rate"] == pytest.approx(released["scaling_rule"]["lr_times_sigma"] / trial_sigma)
