@@ -21,7 +21,7 @@ import optuna.distributions as od
 from dptune._search.draw import Draw, make_draw
 from dptune._search.options import RayOptions, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
-from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, later_defaults
+from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta
 from dptune.ledger import Charge, Ledger
 from dptune.release import (
@@ -259,6 +259,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     ``runner.SearchInterrupted`` (trials sealed, charge kept) when interrupted."""
     from dptune._search.runner import SearchInterrupted
 
+    check_space(req.space)  # however the space was built (file, dict, object, overrides): before anything runs
     os.umask(0o077)  # every file this search (and the Ray it starts) writes is owner-only
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
     p = _prepare(req)
