@@ -158,7 +158,7 @@ def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _Se
     exp_dir = f"{str(storage).rstrip('/')}/tune" if isinstance(storage, str) else str(storage / "tune")
     if resume and tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
         return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    alg = searcher(space.searcher).search_alg(space, draw.stream_seed("searcher"))
+    alg = searcher(space.searcher).search_alg(space, draw)  # seeded from the draw's own sampler stream
     return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg)
 
 
