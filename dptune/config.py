@@ -188,7 +188,7 @@ class DatasetSpec:
     download: bool = False  # torchvision datasets: download into `path` if absent (never in tests)
     label: str | None = None  # table: the label column
     features: dict[str, list[float]] | None = None  # table: column -> [low, high], public bounds
-    classes: list[str | int] | None = None  # table: declared label values in class order (optional)
+    classes: list[str | int] | None = None  # table / imagefolder: the declared classes in order (required)
 
     def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
         object.__setattr__(self, "features", _specs.check_dataset_fields(

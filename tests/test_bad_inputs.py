@@ -81,7 +81,7 @@ def _model_and_table_variants(base: Path, raw: dict[str, Any]) -> dict[str, Path
         variant = yaml.safe_load(yaml.safe_dump(raw))
         if name.startswith("tbl_"):
             variant["dataset"] = {"name": "table", "path": str(table), "label": "y", "features": {"w": [0, 1]},
-                                  "validation_size": 2, "test_size": 2, **change}
+                                  "validation_size": 2, "test_size": 2, "classes": [0, 1], **change}
             variant["model"] = {"name": "mlp"}
         else:
             variant.update(change)

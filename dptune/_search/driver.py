@@ -128,13 +128,14 @@ def _budget_key(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[
     same = None if req.new_dataset else ledger.same_dataset(p.fingerprint, digests)
     if same is not None:
         if same[0] != p.fingerprint:
-            say(f"  this dataset shares {same[1]:.1%} of its examples with a budgeted dataset: charged to that "
-                "budget (pass --new-dataset only if it truly is another dataset)")
+            # never the exact share: it counts private records (how many differ from the budgeted set)
+            say("  this dataset shares most of its examples (at least the ledger's near-copy threshold) with a "
+                "budgeted dataset: charged to that budget (pass --new-dataset only if it truly is another dataset)")
         return same[0]
     if req.new_dataset:
         near = ledger.same_dataset(p.fingerprint, digests)
         say("  --new-dataset: this dataset gets a budget of its own" + (
-            f", although it shares {near[1]:.1%} of its examples with a budgeted one" if near else ""))
+            ", although it shares most of its examples with a budgeted one" if near else ""))
     if req.budget_epsilon is None:
         raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {req.ledger}",
                           "pass --budget-epsilon E (and --budget-delta) once, or use python -m dptune.ledger set-budget")
