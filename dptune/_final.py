@@ -30,7 +30,7 @@ from dptune.certificate import Certificate, guarantee, verify_binding
 from dptune.config import DatasetSpec, TrialConfig, later_defaults
 from dptune.errors import ConfigError
 from dptune.ledger import Ledger
-from dptune.release import Release, load_release
+from dptune.release import Release, load_release, public_dataset
 from dptune.rundir import RunDir, write_private
 
 __all__ = ["RESULT_FILES", "FinalModel", "TrainRequest", "TrainingDiverged", "check_request", "checkpoint_config",
@@ -163,7 +163,7 @@ def run_final(req: TrainRequest) -> FinalModel:
 
     from dptune.data import load_dataset  # torch loads only once the inputs are known to be good
 
-    data = load_dataset(release.dataset)
+    data = load_dataset(_local_dataset(release, cur))
     if data.pool_fingerprint() != cur.state.get("fingerprint"):
         raise ConfigError("--release", "the data differ from what the search ran on",
                           "train on the data the search ran on, or run a new search on this data")
@@ -171,6 +171,17 @@ def run_final(req: TrainRequest) -> FinalModel:
     if req.use_best_checkpoint:
         return _export_checkpoint(release, data, out, req.device)
     return _train(req, release, data, cur, out)
+
+
+def _local_dataset(release: Release, cur: _Curator) -> DatasetSpec:
+    """The release's dataset at the path the search read (the sealed run spec: a shared release carries only
+    the path's last component)."""
+    sealed = (cur.state.get("run_spec") or {}).get("dataset") or {}
+    path = sealed.get("path", release.dataset.path)
+    if release.dataset.path and (not path or Path(str(path).rstrip("/")).name != release.dataset.path):
+        raise ConfigError("best_config.dataset.path", "names another dataset than the search's sealed record",
+                          "use the release this search wrote, unmodified")
+    return dataclasses.replace(release.dataset, path=path)
 
 
 def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple[TrialConfig, Any, dict]:
@@ -365,6 +376,6 @@ def _device(name: str | None) -> str:
 def _save_model(path: Path, state: dict[str, Any], config: TrialConfig, dataset: DatasetSpec) -> None:
     from dptune import dpsgd
 
-    dpsgd.save_model(path, state, config.to_public_dict(), dataset=dataclasses.asdict(dataset))
+    dpsgd.save_model(path, state, config.to_public_dict(), dataset=public_dataset(dataset))  # no local path
 
 

@@ -36,7 +36,7 @@ from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig
 from dptune.errors import ConfigError
 from dptune.trials import TrialRow
 
-__all__ = ["Release", "load_release", "release_document", "released_params", "search_certificate", "select",
+__all__ = ["Release", "load_release", "public_dataset", "release_document", "released_params", "search_certificate", "select",
            "select_best", "select_noisy_max", "write_release"]
 
 
@@ -102,6 +102,16 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
     return params, float(score)
 
 
+def public_dataset(spec: DatasetSpec) -> dict[str, Any]:
+    """A dataset spec as shared files carry it (best_config.yaml, model.pt): ``path`` cut to its last component
+    (a local absolute path names the curator's machine and folders; final training reads the full path from
+    the search's sealed record)."""
+    out = dataclasses.asdict(spec)
+    if out.get("path"):
+        out["path"] = Path(str(out["path"]).rstrip("/")).name or None
+    return out
+
+
 def release_document(space: SearchSpace, params: dict[str, Any], score: float | None, *,
                      scaled: ScaledPlan | None = None) -> dict[str, Any]:
     """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one). The
@@ -116,7 +126,7 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
     doc: dict[str, Any] = {
         "released_by": "dptune.search",
         "space": space.name,
-        "dataset": dataclasses.asdict(space.dataset),
+        "dataset": public_dataset(space.dataset),
         "config": space.fixed.replace(**params).to_public_dict(),
         "privacy": {"delta": space.privacy.delta},
         "score": score,

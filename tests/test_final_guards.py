@@ -140,3 +140,29 @@ def test_use_best_checkpoint_exports_a_scaled_searcher_release(tmp_path: Path) -
     model = torch.load(tmp_path / "o" / "model.pt", weights_only=True)
     assert model["config"]["noise_multiplier"] == trial_sigma != released["config"]["noise_multiplier"]
     assert model["config"]["learning_rate"] == pytest.approx(released["scaling_rule"]["lr_times_sigma"] / trial_sigma)
+
+
+def test_shared_files_carry_no_local_absolute_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22 item 24: best_config.yaml (its first comment, dataset.path) and the final model.pt name no
+    folder of the curator's machine; final training still finds the data (the sealed record's path)."""
+    import torch
+
+    from dptune.data.examples import main as examples_main
+
+    folder = tmp_path / "curator-private-folder"
+    folder.mkdir()
+    assert examples_main(["breast-cancer", str(folder / "bc.parquet")]) == 0
+    raw = yaml.safe_load((ROOT / "search_spaces" / "breast_cancer.yaml").read_text())
+    raw["dataset"]["path"] = str(folder / "bc.parquet")
+    raw["fixed"]["epochs"] = 1
+    release = _search(tmp_path, "bc", raw)
+    text = (release / "best_config.yaml").read_text()
+    assert str(tmp_path) not in text and "curator-private-folder" not in text, text
+    assert yaml.safe_load(text)["dataset"]["path"] == "bc.parquet"
+    rc, _, err = _train(capsys, "--release", str(release), "--out", str(tmp_path / "o"), "--seed", "1")
+    assert rc == 0, err
+    model = torch.load(tmp_path / "o" / "model.pt", weights_only=True)
+    assert model["dataset"]["path"] == "bc.parquet"
+    for name in ("model.pt", "metrics.json", "certificate.json"):
+        data = (tmp_path / "o" / name).read_bytes()
+        assert str(tmp_path).encode() not in data and b"curator-private-folder" not in data, name

@@ -35,7 +35,7 @@ from dptune.data._loaders import CIFAR10_MEAN, CIFAR10_STD, existing_dir, normal
 from dptune.data._splits import Splits, make_splits, split_indices
 
 # each dataset's declared number of classes (public, fixed: never counted from the files)
-NUM_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
+CLASS_COUNTS = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
 # (uint8 images N x C x H x W, int64 labels, number of classes), or None when the split's files are absent
 Raw = tuple[torch.Tensor, torch.Tensor, int]
 Reader = Callable[[Path, str, bool], Raw | None]
@@ -64,7 +64,7 @@ def load_vision(spec: DatasetSpec) -> Splits:
 def _read(reader: Reader, root: Path, split: str, spec: DatasetSpec) -> Raw:
     raw = reader(root, split, spec.download)
     if raw is not None:
-        k = NUM_CLASSES[spec.name]
+        k = CLASS_COUNTS[spec.name]
         if len(raw[1]) and (int(raw[1].min()) < 0 or int(raw[1].max()) >= k):  # no count, no value: private
             raise ConfigError("dataset.path", f"the {split} split holds labels outside {spec.name}'s {k} classes",
                               f"use the dataset's original files (labels 0..{k - 1})")
