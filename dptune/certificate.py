@@ -58,8 +58,13 @@ class CertificateError(ConfigError):
 def guarantee(*, reproducible: bool) -> dict[str, Any]:
     """What the (ε, δ) of a dptune certificate covers, in words (README "What a certificate means")."""
     return {
-        "neighbouring_relation": "add or remove one example of the training split or of the validation split; "
-                                 "the split sizes are treated as public",
+        "neighbouring_relation": "add or remove one example of the training split or of the validation split, "
+                                 "the mechanism run at the published split sizes",
+        "conditional_on": "the published split sizes (details.n_train; dataset.validation_size and test_size in "
+                          "best_config.yaml): dptune computes the sampling rate q = B/n and the number of steps "
+                          "from them and releases them, so the (epsilon, delta) holds for the mechanism run at "
+                          "those sizes and does not hide the sizes themselves (whether the data hold n or n + 1 "
+                          "examples is public)",
         "covers": "every output released under this certificate: the selected configuration, its noised "
                   "validation score and (if released) its checkpoint; after final training, the final model",
         "not_covered": "test-split accuracy (a non-private held-out evaluation, not charged); anything in sealed/",

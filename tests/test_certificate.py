@@ -201,3 +201,13 @@ def test_a_certificate_bound_before_its_files_were_is_refused_with_a_clear_messa
     with pytest.raises(CertificateError, match="older dptune") as e:
         verify_binding(loaded, ledger)
     assert "run a new search" in str(e.value)
+
+
+def test_guarantee_states_it_is_conditional_on_the_published_split_sizes(tmp_path: Path) -> None:
+    """Issue 22 item 10: "add or remove one example" and "split sizes are public" contradicted each other;
+    the certificate now says plainly that (ε, δ) is conditional on the sizes it publishes."""
+    _cert().save(tmp_path / "c.json")
+    g = json.loads((tmp_path / "c.json").read_text())["guarantee"]
+    assert "treated as public" not in json.dumps(g)
+    assert "published split sizes" in g["neighbouring_relation"]
+    assert "details.n_train" in g["conditional_on"] and "does not hide the sizes" in g["conditional_on"]

@@ -166,3 +166,13 @@ def test_shared_files_carry_no_local_absolute_path(tmp_path: Path, capsys: pytes
     for name in ("model.pt", "metrics.json", "certificate.json"):
         data = (tmp_path / "o" / name).read_bytes()
         assert str(tmp_path).encode() not in data and b"curator-private-folder" not in data, name
+
+
+def test_a_release_publishes_the_sizes_its_guarantee_is_conditional_on(runs: dict[str, Path]) -> None:
+    """Issue 22 item 10: the sizes the guarantee is conditional on are in the release (n_train in the
+    certificate, the held-out sizes in best_config.yaml)."""
+    cert = load_certificate(runs["cheap"] / "certificate.json")
+    doc = yaml.safe_load((runs["cheap"] / "best_config.yaml").read_text())
+    assert cert.details["n_train"] == 1797 - 360 - 180
+    assert (doc["dataset"]["validation_size"], doc["dataset"]["test_size"]) == (180, 360)
+    assert "conditional_on" in cert.guarantee

@@ -2,7 +2,7 @@
 release. The CLI (``python -m dptune.search``) parses flags into a :class:`SearchRequest` and prints.
 
 Order (rule 4): nothing touches data before the ledger holds the charge, except reading the dataset to
-fingerprint it and to know n (public: split sizes are treated as public, see the certificate).
+fingerprint it and to know n (published: the guarantee is conditional on the split sizes, see the certificate).
 """
 
 from __future__ import annotations
