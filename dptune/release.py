@@ -9,8 +9,10 @@
   the transfer rule moves the selected config to the full data;
 * :func:`release_document` — ``best_config.yaml``: the complete config, no seed, no internal field;
 * :func:`search_certificate` — the certificate, built from the event the ledger charged;
-* :func:`write_release` — the files, with file times set to the reservation time (the search's duration,
-  and so roughly K, must not be readable from ``release/``).
+* :func:`write_release` — the files, bound to the certificate, with mtime and atime set to the reservation
+  time (the search's duration, and so roughly K, must not be readable from what is shipped), and
+  :func:`pack_release` — ``release.tar`` beside the folder, whose only times are the reservation's (a
+  file's ctime cannot be set: ship the archive, not the folder).
 
 ``dptune.search``, the Python API and ``bench/tuning_value.py`` all call these.
 """
@@ -36,7 +38,7 @@ from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig
 from dptune.errors import ConfigError
 from dptune.trials import TrialRow
 
-__all__ = ["Release", "load_release", "public_dataset", "release_document", "released_params", "search_certificate", "select",
+__all__ = ["Release", "load_release", "pack_release", "public_dataset", "release_document", "released_params", "search_certificate", "select",
            "select_best", "select_noisy_max", "write_release"]
 
 
@@ -197,7 +199,34 @@ def write_release(release_dir: Path, document: dict[str, Any], certificate: Cert
     bound.save(release_dir / "certificate.json")
     for f in [*files.values(), release_dir / "certificate.json", release_dir]:
         os.utime(f, (mtime, mtime))
+    pack_release(release_dir, release_dir.parent / "release.tar", mtime=mtime)
     return bound
+
+
+def pack_release(release_dir: Path, out: Path, *, mtime: float) -> Path:
+    """``out``: ``release_dir`` as a ustar archive whose only times are ``mtime``: what to ship.
+
+    The folder itself cannot be shipped as is without its local times: a file's ctime is the moment it was
+    written (the search's end, so roughly K) and no call sets it; ``tar --format=pax`` and GNU tar's
+    defaults copy atime and ctime into the archive. ustar has one time field per entry (mtime, set here),
+    no atime or ctime; owner 0, no user or group names, entries sorted."""
+    import tarfile
+
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime = int(mtime)
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755 if info.isdir() else 0o644
+        return info
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        tar.add(release_dir, arcname="release", recursive=False, filter=clean)
+        for f in sorted(release_dir.iterdir()):
+            tar.add(f, arcname=f"release/{f.name}", recursive=False, filter=clean)
+    os.replace(tmp, out)
+    os.utime(out, (mtime, mtime))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -176,3 +176,41 @@ def test_a_release_publishes_the_sizes_its_guarantee_is_conditional_on(runs: dic
     assert cert.details["n_train"] == 1797 - 360 - 180
     assert (doc["dataset"]["validation_size"], doc["dataset"]["test_size"]) == (180, 360)
     assert "conditional_on" in cert.guarantee
+
+
+def test_release_tar_carries_the_reservation_time_and_no_other(runs: dict[str, Path]) -> None:
+    """Issue 22 item 9: a file's ctime is the moment it was written (the search's end) and cannot be set;
+    release.tar (what to ship) holds one time per entry, the reservation's, no atime/ctime (ustar: no pax
+    headers), no owner names."""
+    import tarfile
+
+    release = runs["cheap"]
+    [charge] = [c for c in Ledger(runs["ledger"]).charges() if c.name == "cheap"]
+    with tarfile.open(release.parent / "release.tar") as tar:
+        members = tar.getmembers()
+        assert [m.name for m in members] == ["release", "release/best_config.yaml", "release/certificate.json"]
+        for m in members:
+            assert m.mtime == int(charge.created) and not m.pax_headers, m.name
+            assert (m.uid, m.gid, m.uname, m.gname) == (0, 0, "", "")
+            if m.isfile():
+                f = tar.extractfile(m)
+                assert f is not None and f.read() == (release.parent / m.name).read_bytes()
+    raw = (release.parent / "release.tar").read_bytes()
+    assert b"ctime" not in raw and b"atime" not in raw and b"PaxHeader" not in raw
+    assert (release.parent / "release.tar").stat().st_mtime == pytest.approx(charge.created, abs=1e-3)
+
+
+def test_search_progress_prints_no_elapsed_time_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22 item 9: the heartbeat's "15 s elapsed" reached shared notebooks (through the API too): by
+    default one line and no time; the elapsed-time heartbeat only with --show-trials (curator only)."""
+    import time
+
+    from dptune._search.runner import progress
+
+    with progress(False, every=0.02):
+        time.sleep(0.2)
+    quiet = capsys.readouterr().out
+    assert quiet.count("\n") == 1 and "elapsed time is shown" in quiet and not any(c.isdigit() for c in quiet)
+    with progress(True, every=0.02):
+        time.sleep(0.2)
+    assert "s elapsed" in capsys.readouterr().out
