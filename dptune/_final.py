@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
@@ -269,7 +269,8 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
     return FinalModel(out, out / "model.pt", metrics, composed)
 
 
-def _diverged(out: Path, composed: Certificate, ledger: Ledger, tokens: list[str], summary: dict[str, Any]) -> None:
+def _diverged(out: Path, composed: Certificate, ledger: Ledger, tokens: list[str],
+              summary: dict[str, Any]) -> NoReturn:
     """A diverged final training's result: its (committed) charge in a bound certificate, a metrics.json that
     says it diverged, no model; raises :class:`TrainingDiverged`."""
     metrics = {"diverged": True, "result": "final training diverged (non-finite weights): no model",
