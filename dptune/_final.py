@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
@@ -30,10 +30,11 @@ from dptune.certificate import Certificate, guarantee, verify_binding
 from dptune.config import DatasetSpec, TrialConfig, later_defaults
 from dptune.errors import ConfigError
 from dptune.ledger import Ledger
-from dptune.release import Release, load_release
+from dptune.release import Release, load_release, public_dataset
 from dptune.rundir import RunDir, write_private
 
-__all__ = ["RESULT_FILES", "FinalModel", "TrainRequest", "check_request", "run_final"]
+__all__ = ["RESULT_FILES", "FinalModel", "TrainRequest", "TrainingDiverged", "check_request", "checkpoint_config",
+           "run_final"]
 
 RESULT_FILES = ("model.pt", "metrics.json", "certificate.json")
 TEST_NOTE = "usual non-private held-out evaluation on the test split (not charged, not DP)"
@@ -51,6 +52,20 @@ class FinalModel:
     @property
     def epsilon(self) -> float:
         return self.certificate.epsilon
+
+
+class TrainingDiverged(Exception):
+    """Final training diverged (non-finite weights, decided from the noised parameters): its charge is
+    committed (the training touched the data), ``out`` holds its certificate and a metrics.json saying it
+    diverged, and no model."""
+
+    def __init__(self, out: Path, certificate: Certificate) -> None:
+        super().__init__(f"final training diverged (non-finite weights): no model was written. Its charge is spent "
+                         f"and recorded (total epsilon = {certificate.epsilon:.4f}; {out}/certificate.json, "
+                         f"{out}/metrics.json). Train again with a smaller learning rate or more noise "
+                         "(a new charge), or use --use-best-checkpoint")
+        self.out = out
+        self.certificate = certificate
 
 
 @dataclass(frozen=True)
@@ -113,11 +128,28 @@ def _curator(req: TrainRequest, release: Release) -> _Curator:
         raise ConfigError("--ledger", f"the search's ledger {str(ledger_path)!r} does not exist",
                           "restore it: every charge on this dataset is in it")
     ledger = Ledger(ledger_path)
-    charges = verify_binding(release.certificate, ledger)
+    # the binding covers every field of the certificate and the files beside it (best_config.yaml, and
+    # best_checkpoint.pt when released): another search's config or an edited guarantee is refused here
+    charges = verify_binding(release.certificate, ledger, folder=release.path)
     if charges[0].id != int(state["charge_id"]):
         raise ConfigError("certificate.binding", f"certifies another search than {run.root.name!r}",
                           "use the certificate this search released, unmodified")
+    _check_reproducible(run, release.certificate)
     return _Curator(run, state, ledger)
+
+
+def _check_reproducible(run: RunDir, cert: Certificate) -> None:
+    """The sealed draw says whether the search's randomness was fixed; the certificate must say the same
+    (final training's own guarantee starts from the draw, not from the certificate's word)."""
+    try:
+        reproducible = json.loads(run.draw_file.read_text())["reproducible"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError("--release", f"the search's sealed draw {run.draw_file} is missing or unreadable",
+                          "final training needs the search's sealed/ directory, as the search left it") from e
+    if not isinstance(reproducible, bool) or reproducible != bool(cert.guarantee.get("reproducible")):
+        raise ConfigError("certificate.guarantee.reproducible", f"says {cert.guarantee.get('reproducible')!r}, but "
+                          f"the search's sealed draw says {reproducible!r}",
+                          "use the certificate this search released, unmodified")
 
 
 def run_final(req: TrainRequest) -> FinalModel:
@@ -131,7 +163,7 @@ def run_final(req: TrainRequest) -> FinalModel:
 
     from dptune.data import load_dataset  # torch loads only once the inputs are known to be good
 
-    data = load_dataset(release.dataset)
+    data = load_dataset(_local_dataset(release, cur))
     if data.pool_fingerprint() != cur.state.get("fingerprint"):
         raise ConfigError("--release", "the data differ from what the search ran on",
                           "train on the data the search ran on, or run a new search on this data")
@@ -139,6 +171,17 @@ def run_final(req: TrainRequest) -> FinalModel:
     if req.use_best_checkpoint:
         return _export_checkpoint(release, data, out, req.device)
     return _train(req, release, data, cur, out)
+
+
+def _local_dataset(release: Release, cur: _Curator) -> DatasetSpec:
+    """The release's dataset at the path the search read (the sealed run spec: a shared release carries only
+    the path's last component)."""
+    sealed = (cur.state.get("run_spec") or {}).get("dataset") or {}
+    path = sealed.get("path", release.dataset.path)
+    if release.dataset.path and (not path or Path(str(path).rstrip("/")).name != release.dataset.path):
+        raise ConfigError("best_config.dataset.path", "names another dataset than the search's sealed record",
+                          "use the release this search wrote, unmodified")
+    return dataclasses.replace(release.dataset, path=path)
 
 
 def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple[TrialConfig, Any, dict]:
@@ -207,20 +250,35 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
         print("error: final training failed; its ledger charge stays reserved and counts "
               "(the training may have touched the data)", file=sys.stderr)
         raise
-    cur.ledger.commit(charge_id)
+    cur.ledger.commit(charge_id)  # it ran (diverged or not): the charge is spent
+    sealed.write(seconds=result.seconds, diverged=result.diverged, release=str(release.path))
+    tokens = [*cert.tokens(), cur.ledger.charge(charge_id).token]
+    if result.diverged:  # stopped at non-finite weights (post-processing of the noised parameters): no model
+        _diverged(out, composed, cur.ledger, tokens, summary)
     assert result.model_state is not None and result.test_accuracy is not None
     if summary["steps"] != result.steps or summary["steps"] != result.noise_additions:  # the charge is what ran
         raise AssertionError(f"ran {result.steps} steps ({result.noise_additions} noise additions), "
                              f"charged {summary['steps']}")  # pragma: no cover
-    sealed.write(seconds=result.seconds, diverged=result.diverged, release=str(release.path))
-    composed = composed.bind(cur.ledger, [*cert.tokens(), cur.ledger.charge(charge_id).token])
     _save_model(out / "model.pt", result.model_state, config, release.dataset)
     metrics = {"test_accuracy": result.test_accuracy, "test_accuracy_kind": TEST_NOTE,
                "clipping_mode": result.clipping_mode, **summary}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    composed = composed.bind(cur.ledger, tokens, {"model.pt": out / "model.pt", "metrics.json": out / "metrics.json"})
     composed.save(out / "certificate.json")
     _print_result(result, cert, composed, summary["epsilon_alone"], out, sealed.path)
     return FinalModel(out, out / "model.pt", metrics, composed)
+
+
+def _diverged(out: Path, composed: Certificate, ledger: Ledger, tokens: list[str],
+              summary: dict[str, Any]) -> NoReturn:
+    """A diverged final training's result: its (committed) charge in a bound certificate, a metrics.json that
+    says it diverged, no model; raises :class:`TrainingDiverged`."""
+    metrics = {"diverged": True, "result": "final training diverged (non-finite weights): no model",
+               "test_accuracy": None, **summary}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    composed = composed.bind(ledger, tokens, {"metrics.json": out / "metrics.json"})
+    composed.save(out / "certificate.json")
+    raise TrainingDiverged(out, composed)
 
 
 class _SealedFinal:
@@ -241,14 +299,26 @@ class _SealedFinal:
 
 def _print_result(result: Any, cert: Certificate, composed: Certificate, train_eps: float, out: Path,
                   sealed: Path) -> None:
-    if result.diverged:
-        print("WARNING: training diverged (non-finite weights); the charge is spent all the same", file=sys.stderr)
     print(f"  test accuracy: {result.test_accuracy:.4f} ({TEST_NOTE})")
     print(f"  privacy: search epsilon = {cert.epsilon:.4f}, final training epsilon = {train_eps:.4f} alone, "
           f"total epsilon = {composed.epsilon:.4f} (RDP composition; the sum would be "
           f"{cert.epsilon + train_eps:.4f}), delta = {cert.delta:g}")
     print(f"  files: {out}/model.pt, {out}/metrics.json, {out}/certificate.json (shareable); "
           f"seed and run record sealed in {sealed}")
+
+
+def checkpoint_config(release: Release) -> TrialConfig:
+    """The config the released checkpoint was trained with. The scaled searcher releases the final run's
+    settings (its σ_f and the rule lr·σ = L·σ_f); its best trial, whose model the checkpoint is, ran the same
+    config at the cheap trials' σ_c, with lr = L·σ_f/σ_c (the certificate's ``details.scaled``)."""
+    if release.lr_times_sigma is None:
+        return release.config
+    scaled = release.certificate.details.get("scaled") or {}
+    sigma = scaled.get("trial_noise_multiplier")
+    if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not 0 < sigma < math.inf:
+        raise ConfigError("certificate.details.scaled.trial_noise_multiplier", f"{sigma!r} is not a positive number",
+                          "use the certificate the search released, unmodified")
+    return release.config.replace(noise_multiplier=float(sigma), learning_rate=release.lr_times_sigma / sigma)
 
 
 def _export_checkpoint(release: Release, data: Any, out: Path, device: str | None) -> FinalModel:
@@ -261,11 +331,13 @@ def _export_checkpoint(release: Release, data: Any, out: Path, device: str | Non
     ckpt = dpsgd.load_model(release.path / "best_checkpoint.pt")
     # a checkpoint from before a later field existed was trained at that field's default
     trained = {**later_defaults(TrialConfig), **{k: v for k, v in dict(ckpt["config"]).items() if k != "seed"}}
-    expected = release.config.to_public_dict()
-    if trained != expected:
+    config = checkpoint_config(release)
+    expected = config.to_public_dict()
+    if {**trained, "learning_rate": 0} != {**expected, "learning_rate": 0} or not math.isclose(
+            trained["learning_rate"], expected["learning_rate"], rel_tol=1e-9):
         raise ConfigError("best_checkpoint.pt", "was trained with another config than best_config.yaml",
                           "use the release's files together, unmodified")
-    config = release.config
+    config = config.replace(learning_rate=float(trained["learning_rate"]))
     dev = torch.device(_device(device))
     model = dpsgd.init_model(config, data).to(dev)
     model.load_state_dict(ckpt["model_state"])
@@ -305,6 +377,6 @@ def _device(name: str | None) -> str:
 def _save_model(path: Path, state: dict[str, Any], config: TrialConfig, dataset: DatasetSpec) -> None:
     from dptune import dpsgd
 
-    dpsgd.save_model(path, state, config.to_public_dict(), dataset=dataclasses.asdict(dataset))
+    dpsgd.save_model(path, state, config.to_public_dict(), dataset=public_dataset(dataset))  # no local path
 
 

@@ -6,7 +6,7 @@ searcher runs. Every problem is a :class:`ConfigError` naming the field and the 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
@@ -15,10 +15,87 @@ from dptune.errors import ConfigError, check_delta, check_positive, check_unit_i
 if TYPE_CHECKING:  # config imports this module: types only
     from dptune.config import PrivacySpec, SearchSpace
 
-__all__ = ["SELECTIONS", "check_adaptive", "check_privacy", "check_scaled", "check_selection",
+__all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "SELECTIONS",
+           "check_adaptive", "check_privacy", "check_scaled", "check_selection", "check_space",
            "check_trial_score_noise"]
 
 SELECTIONS = ("best_score", "noisy_max")
+ACCOUNTING_MODES = ("random_stopping", "composed")
+SEARCHERS = ("random", "tpe", "scaled")
+SCHEDULERS = ("fifo", "asha")  # asha: planned, refused until it is charged per rung (check_space)
+# Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
+# the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
+INTERNAL_FIELDS = ("seed", "sampling_basis")
+# Hyperparameters a space may search over (everything else of TrialConfig is fixed per space).
+SEARCHABLE = ("learning_rate", "batch_size", "groups", "noise_multiplier", "epochs", "max_grad_norm",
+              "momentum", "ema_decay", "augmult")
+
+
+def check_space(s: SearchSpace) -> None:
+    """Every rule of a search space, checked on the object itself: the one validation path for a YAML file,
+    a dict and a ``SearchSpace`` built or changed in Python (``parse_space`` ends with it; the search CLI,
+    the API and the search driver call it again after their overrides)."""
+    import dataclasses
+
+    from dptune import _specs
+    from dptune._distributions import in_support, support_extremes
+    from dptune.config import DatasetSpec, PrivacySpec, TrialConfig
+
+    for name, value, cls in (("dataset", s.dataset, DatasetSpec), ("fixed", s.fixed, TrialConfig),
+                             ("default", s.default, TrialConfig), ("privacy", s.privacy, PrivacySpec)):
+        if not isinstance(value, cls):
+            raise ConfigError(name, f"is a {type(value).__name__}, not a {cls.__name__}",
+                              "build spaces with dptune.config.load_space / parse_space, or pass a YAML path or dict")
+    for key, allowed in (("accounting", ACCOUNTING_MODES), ("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
+        if getattr(s, key) not in allowed:
+            raise ConfigError(f"search.{key}", f"unknown {key} {getattr(s, key)!r}", f"use one of: {', '.join(allowed)}")
+    if s.scheduler != "fifo":
+        raise ConfigError("search.scheduler", f"{s.scheduler!r} is not implemented yet",
+                          "use scheduler: fifo (ASHA would release a noised score per rung, each to be charged)")
+    check_dataset(s.dataset)
+    for section, cfg in (("fixed", s.fixed), ("default", s.default)):
+        if cfg.seed != 0:
+            raise ConfigError(f"{section}.seed", "is internal to dptune (set per trial from the sealed draw), not a "
+                              "setting", f"leave {section}.seed at its default (0)")
+    unsearchable = sorted(set(s.space) - set(SEARCHABLE))
+    if unsearchable:
+        what = " (the score noise is a privacy setting: privacy.score_noise)" if unsearchable[0] == "score_noise" else ""
+        raise ConfigError(f"space.{unsearchable[0]}", "cannot be searched" + what,
+                          f"search only: {', '.join(SEARCHABLE)}")
+    kinds = (od.FloatDistribution, od.IntDistribution, od.CategoricalDistribution)
+    for k, dist in s.space.items():
+        if not isinstance(dist, kinds):
+            raise ConfigError(f"space.{k}", f"{dist!r} is not a float, int or categorical distribution",
+                              "use optuna.distributions.FloatDistribution / IntDistribution / CategoricalDistribution")
+        if not in_support(dist, getattr(s.default, k)):
+            raise ConfigError(f"default.{k}", f"{getattr(s.default, k)!r} is outside the searched range",
+                              "choose a default inside space." + k)
+        for v in support_extremes(dist):  # every reachable config must itself be valid
+            s.fixed.replace(**{k: v})
+    differ = sorted(f.name for f in dataclasses.fields(TrialConfig)
+                    if f.name not in s.space and getattr(s.fixed, f.name) != getattr(s.default, f.name))
+    if differ:
+        raise ConfigError(f"default.{differ[0]}", "differs from fixed but is not searched (a K = 0 search releases "
+                          "the default, which must be a config of the space)", f"set default.{differ[0]} as fixed")
+    check_unit_interval("search.tune_fraction", s.tune_fraction, "choose e.g. 0.25, or 1 for off", include_one=True)
+    check_privacy(s.privacy, public_validation=s.dataset.public_validation)
+    _specs.check_augmentation(s.dataset.name, s.fixed.augmult, "augmult" in s.space)
+    check_adaptive(s)
+
+
+def check_dataset(dataset: Any) -> None:
+    """A dataset's cross-field rules (its own fields are checked when it is built)."""
+    from dptune import _specs
+
+    if dataset.name not in _specs.DATASETS:
+        raise ConfigError("dataset.name", f"unknown dataset {dataset.name!r}",
+                          f"use one of: {', '.join(_specs.DATASETS)}")
+    if dataset.name != "digits" and not dataset.path:
+        raise ConfigError("dataset.path", f"dataset {dataset.name!r} needs a path",
+                          "set dataset.path to its folder (a table: its .parquet or .csv file)")
+    for k in ("validation_size", "test_size"):
+        if getattr(dataset, k) < 1:
+            raise ConfigError(f"dataset.{k}", "must be >= 1", "choose a positive number of examples")
 
 
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:

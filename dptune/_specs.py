@@ -36,6 +36,8 @@ _TORCHVISION = re.compile(r"^[A-Za-z_]\w*$")
 VISION_SIZES = {"mnist": (60000, 10000), "fashion_mnist": (60000, 10000), "cifar10": (50000, 10000),
                 "cifar100": (50000, 10000), "svhn": (73257, 26032)}
 DATASETS = ("digits", *VISION_SIZES, "imagefolder", "table")
+# datasets whose classes the space declares (``dataset.classes``); the others declare their own, fixed lists
+DECLARED_CLASSES = ("imagefolder", "table")
 # official: the official train split gives train + validation, the official test split is the test split;
 # train / test: that official split alone is the pool dptune splits into train / validation / test
 DATASET_SPLITS = ("official", "train", "test")
@@ -131,20 +133,35 @@ def check_dataset_fields(name: str, split: Any, download: Any, label: Any, featu
         if given and name not in VISION_SIZES:
             raise ConfigError(f"dataset.{key}", f"applies to torchvision's datasets, not to {name!r}",
                               f"remove dataset.{key} (it applies to {', '.join(VISION_SIZES)})")
-    table_keys = {"label": label, "features": features, "classes": classes}
+    table_keys = {"label": label, "features": features}
     if name != "table":
         given = [k for k, v in table_keys.items() if v is not None]
         if given:
             raise ConfigError(f"dataset.{given[0]}", f"applies to tables only, not to {name!r}",
                               f"remove dataset.{given[0]}")
+    if name in DECLARED_CLASSES:
+        _check_classes(name, classes)
+    elif classes is not None:
+        raise ConfigError("dataset.classes", f"{name!r} declares its own classes", "remove dataset.classes")
+    if name != "table":
         return None
     if not isinstance(label, str) or not label:
         raise ConfigError("dataset.label", "a table needs its label column", "set dataset.label: <column name>")
     _check_features(features, label)
-    if classes is not None and not _distinct_labels(classes):
-        raise ConfigError("dataset.classes", f"{classes!r} is not a list of >= 2 distinct labels",
-                          "list the label values in class order, e.g. [benign, malignant], or leave it out")
     return {col: list(bounds) for col, bounds in features.items()}
+
+
+def _check_classes(name: str, classes: Any) -> None:
+    """A table's or image folder's class list is declared, never read off the data: one record with a new
+    label would otherwise change the released model's output layer (membership of that record)."""
+    example = "[malignant, benign]" if name == "table" else "[cat, dog] (the class folder names)"
+    if classes is None:
+        raise ConfigError("dataset.classes", f"is required for {name!r}: a class list derived from the data "
+                          "(its label values or class folders) decides the model's output layer and so reveals "
+                          "whether a record with a new label is in it", f"declare the classes in order, e.g. {example}")
+    if not _distinct_labels(classes) or (name == "imagefolder" and not all(isinstance(c, str) for c in classes)):
+        raise ConfigError("dataset.classes", f"{classes!r} is not a list of >= 2 distinct labels",
+                          f"list the label values in class order, e.g. {example}")
 
 
 def _distinct_labels(classes: Any) -> bool:

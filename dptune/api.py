@@ -21,7 +21,7 @@ from typing import Any
 
 from dptune.accounting import Plan, plan_search
 from dptune.certificate import Certificate, load_certificate
-from dptune.config import SearchSpace, check_adaptive, load_space, nominal_train_size, parse_space
+from dptune.config import SearchSpace, check_space, load_space, nominal_train_size, parse_space
 from dptune.errors import ConfigError, check_positive, check_unit_interval
 
 __all__ = ["SearchResult", "plan", "search", "train"]
@@ -45,7 +45,7 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
         e = check_positive("epochs", epochs, "give e.g. 5")
         changes.update(fixed=out.fixed.replace(epochs=e), default=out.default.replace(epochs=e))
     out = dataclasses.replace(out, **changes)
-    check_adaptive(out)
+    check_space(out)  # the one validation path: a dict, a file and a SearchSpace object alike, as the CLI
     return out
 
 

@@ -6,8 +6,16 @@ A certificate is a *claim* with two independent checks:
   events cost;
 * the curator's ledger authenticates it (``binding``): every event is bound to the ledger charge that paid
   for it (the charge's random token and the event's hash), under an HMAC with the curator key kept beside
-  the ledger. An edited certificate with recomputed ε, or one copied from another, cheaper search, fails
-  ``verify_binding`` — and ``dptune.train`` refuses it before calibrating anything from it.
+  the ledger. The MAC covers every other field too (ε, δ, the guarantee and its ``reproducible`` flag and
+  warning, the stopping rule, the details, the date, the versions) and the SHA-256 of each file released
+  with it (``best_config.yaml``, ``best_checkpoint.pt``; after final training ``model.pt`` and
+  ``metrics.json``). An edited certificate with recomputed ε, one copied from another, cheaper search, or
+  another search's ``best_config.yaml`` beside it fails ``verify_binding`` — and ``dptune.train`` refuses
+  it before calibrating anything from it.
+
+A certificate bound by dptune before the binding covered its files (binding version 1: the MAC covered the
+charges only) is still readable and its ε still verifies, but it cannot authorize final training: nothing
+authenticates the ``best_config.yaml`` beside it.
 
 Nothing in a certificate is computed from the private data: the dataset is named by a random id, the
 charges by random tokens, and the date is the reservation's day (no time of day: a start and an end time
@@ -16,8 +24,10 @@ would give the search's duration, and so roughly K).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -31,9 +41,13 @@ from dptune.errors import ConfigError
 if TYPE_CHECKING:
     from dptune.ledger import Charge, Ledger
 
-__all__ = ["Certificate", "CertificateError", "guarantee", "load_certificate", "verify_binding"]
+__all__ = ["Certificate", "CertificateError", "file_sha256", "guarantee", "load_certificate", "verify_binding"]
 
 FORMAT = "dptune-certificate/2"
+BINDING_VERSION = 2  # 1 (no "version" key): the MAC covered the charges only, not the fields nor the files
+# files a certificate may sit beside: each one present must be bound (a checkpoint added to a release that
+# had none, or another search's config, is refused)
+BOUND_FILES = ("best_config.yaml", "best_checkpoint.pt", "model.pt", "metrics.json")
 _FORBIDDEN = {"k", "K", "num_trials_drawn", "trials_drawn", "trials_run"}
 
 
@@ -44,8 +58,13 @@ class CertificateError(ConfigError):
 def guarantee(*, reproducible: bool) -> dict[str, Any]:
     """What the (ε, δ) of a dptune certificate covers, in words (README "What a certificate means")."""
     return {
-        "neighbouring_relation": "add or remove one example of the training split or of the validation split; "
-                                 "the split sizes are treated as public",
+        "neighbouring_relation": "add or remove one example of the training split or of the validation split, "
+                                 "the mechanism run at the published split sizes",
+        "conditional_on": "the published split sizes (details.n_train; dataset.validation_size and test_size in "
+                          "best_config.yaml): dptune computes the sampling rate q = B/n and the number of steps "
+                          "from them and releases them, so the (epsilon, delta) holds for the mechanism run at "
+                          "those sizes and does not hide the sizes themselves (whether the data hold n or n + 1 "
+                          "examples is public)",
         "covers": "every output released under this certificate: the selected configuration, its noised "
                   "validation score and (if released) its checkpoint; after final training, the final model",
         "not_covered": "test-split accuracy (a non-private held-out evaluation, not charged); anything in sealed/",
@@ -53,6 +72,20 @@ def guarantee(*, reproducible: bool) -> dict[str, Any]:
         **({"warning": "NOT PRIVATE: the run's randomness was fixed (--seed or a test hook), so its noise is "
                        "known and the stated (epsilon, delta) does not hold"} if reproducible else {}),
     }
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _canonical(obj: Any) -> Any:
+    """``obj`` as a JSON file stores it (tuples as lists, keys as strings), so a certificate read back from
+    its file authenticates exactly as the one that was bound."""
+    return json.loads(json.dumps(obj, default=str))
 
 
 def _versions() -> dict[str, str]:
@@ -93,19 +126,29 @@ class Certificate:
 
     # --- binding to the ledger -----------------------------------------------------------------------
 
-    def _bound_message(self, charges: list[dict[str, str]]) -> bytes:
-        return json.dumps({"format": FORMAT, "dataset_id": self.dataset_id, "delta": self.delta,
-                           "charges": charges}, sort_keys=True, separators=(",", ":")).encode()
+    def _bound_message(self, binding: Mapping[str, Any]) -> bytes:
+        """What the MAC covers: every field but the MAC itself (the events through their charges' hashes)."""
+        body = {"format": FORMAT, "dataset_id": self.dataset_id, "delta": self.delta, "epsilon": self.epsilon,
+                "guarantee": self.guarantee, "stopping": self.stopping, "details": self.details,
+                "created": self.created, "versions": self.versions,
+                "binding": {k: v for k, v in binding.items() if k != "mac"}}
+        return json.dumps(_canonical(body), sort_keys=True, separators=(",", ":")).encode()
 
-    def bind(self, ledger: Ledger, tokens: list[str]) -> Certificate:
-        """This certificate bound to the ledger charges ``tokens`` (one per event, same order)."""
+    def bind(self, ledger: Ledger, tokens: list[str], files: Mapping[str, str | Path] | None = None) -> Certificate:
+        """This certificate bound to the ledger charges ``tokens`` (one per event, same order) and to the
+        ``files`` released with it (name → path, hashed now: write them before binding)."""
         from dptune.ledger import event_sha256
 
         if len(tokens) != len(self.events):
             raise ValueError("one ledger charge per certificate event")
+        unknown = sorted(set(files or {}) - set(BOUND_FILES))
+        if unknown:
+            raise ValueError(f"cannot bind {unknown}: not a file a certificate is released with")
         charges = [{"role": role, "token": t, "event_sha256": event_sha256(e)}
                    for (role, e), t in zip(self.events, tokens, strict=True)]
-        return replace(self, binding={"charges": charges, "mac": ledger.mac(self._bound_message(charges))})
+        binding: dict[str, Any] = {"version": BINDING_VERSION, "charges": charges,
+                                   "files": {name: file_sha256(p) for name, p in sorted((files or {}).items())}}
+        return replace(self, binding={**binding, "mac": ledger.mac(self._bound_message(binding))})
 
     def compose_with(self, role: str, event: de.DpEvent, details: dict[str, Any] | None = None) -> Certificate:
         """A new (unbound) certificate whose events are these plus ``event`` (e.g. the final training)."""
@@ -150,18 +193,28 @@ class Certificate:
             )
 
 
-def verify_binding(cert: Certificate, ledger: Ledger) -> list[Charge]:
+def verify_binding(cert: Certificate, ledger: Ledger, folder: str | Path | None = None) -> list[Charge]:
     """The ledger charges that paid for ``cert``'s events; :class:`CertificateError` unless the curator key
-    authenticates the binding and every event is the very event its (non-aborted) charge stored."""
+    authenticates the binding (every field, and the files it names) and every event is the very event its
+    (non-aborted) charge stored. With ``folder``: every file the binding names is there with its bound
+    SHA-256, and no other file a certificate is released with sits beside it."""
     from dptune.ledger import event_sha256
 
     charges = cert.binding.get("charges")
     fix = "use the certificate the search (or final training) wrote, unmodified, with the ledger that charged it"
     if not isinstance(charges, list) or len(charges) != len(cert.events) or "mac" not in cert.binding:
         raise CertificateError("certificate.binding", "is missing or does not cover every event", fix)
-    if not ledger.verify_mac(cert._bound_message(charges), cert.binding["mac"]):
+    if cert.binding.get("version") != BINDING_VERSION:
+        raise CertificateError(
+            "certificate.binding", "was written by an older dptune whose binding covers neither the files released "
+            "with it (best_config.yaml, best_checkpoint.pt) nor the guarantee: nothing authenticates the config "
+            "beside it", "its ε still verifies (python -m dptune.report or load_certificate), but final training "
+            "needs a release of this dptune: run a new search (a new charge)")
+    if not ledger.verify_mac(cert._bound_message(cert.binding), cert.binding["mac"]):
         raise CertificateError("certificate.binding", f"is not authenticated by the curator key of {ledger.path}",
                                fix)
+    if folder is not None:
+        _verify_files(cert, Path(folder))
     fingerprint = ledger.fingerprint_of(cert.dataset_id)
     found = []
     for (role, event), c in zip(cert.events, charges, strict=True):
@@ -174,6 +227,25 @@ def verify_binding(cert: Certificate, ledger: Ledger) -> list[Charge]:
             raise CertificateError("certificate.binding", f"the {role!r} charge was aborted", "run a new search")
         found.append(charge)
     return found
+
+
+def _verify_files(cert: Certificate, folder: Path) -> None:
+    files = cert.binding.get("files")
+    if not isinstance(files, dict):
+        raise CertificateError("certificate.binding", "names no files", "use the certificate the search released")
+    for name in BOUND_FILES:
+        path = folder / name
+        if name not in files:
+            if path.exists():
+                raise CertificateError(name, "was not released with this certificate (its binding does not "
+                                       "name it)", f"use the release's own files together: remove {name}")
+            continue
+        if not path.is_file():
+            raise CertificateError(name, f"is missing from {folder}", "use the release's files together, unmodified")
+        if file_sha256(path) != files[name]:
+            raise CertificateError(name, "is not the file this certificate was released with (its SHA-256 differs "
+                                   "from the bound one): another search's or an edited file",
+                                   "use the release's files together, unmodified")
 
 
 def load_certificate(path: str | Path, verify: bool = True) -> Certificate:

@@ -18,25 +18,28 @@ import yaml
 
 from dptune import _specs
 from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
-from dptune._space_checks import check_adaptive, check_privacy, check_trial_score_noise
+from dptune._space_checks import (
+    ACCOUNTING_MODES,
+    INTERNAL_FIELDS,
+    SCHEDULERS,
+    SEARCHABLE,
+    SEARCHERS,
+    check_adaptive,
+    check_dataset,
+    check_privacy,
+    check_space,
+    check_trial_score_noise,
+)
 from dptune.errors import ConfigError, check_positive, check_unit_interval
 
-__all__ = ["ConfigError", "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "check_adaptive",
-           "check_privacy", "check_trial_score_noise", "later_defaults", "load_space", "nominal_train_size",
+__all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "ConfigError",
+           "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "check_adaptive", "check_privacy",
+           "check_space", "check_trial_score_noise", "later_defaults", "load_space", "nominal_train_size",
            "parse_space", "support_extremes", "support_values"]
 
 MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
 CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost")
-ACCOUNTING_MODES = ("random_stopping", "composed")
-SEARCHERS = ("random", "tpe", "scaled")
-SCHEDULERS = ("fifo", "asha")
-# Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
-# the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
-INTERNAL_FIELDS = ("seed", "sampling_basis")
-# Hyperparameters a space may search over (everything else of TrialConfig is fixed per space).
-SEARCHABLE = ("learning_rate", "batch_size", "groups", "noise_multiplier", "epochs", "max_grad_norm",
-              "momentum", "ema_decay", "augmult")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,7 +188,7 @@ class DatasetSpec:
     download: bool = False  # torchvision datasets: download into `path` if absent (never in tests)
     label: str | None = None  # table: the label column
     features: dict[str, list[float]] | None = None  # table: column -> [low, high], public bounds
-    classes: list[str | int] | None = None  # table: declared label values in class order (optional)
+    classes: list[str | int] | None = None  # table / imagefolder: the declared classes in order (required)
 
     def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
         object.__setattr__(self, "features", _specs.check_dataset_fields(
@@ -298,11 +301,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     _specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, **_parse_search(raw))
-    check_adaptive(space_obj)
-    # every reachable config must itself be valid (e.g. sigma > 0 at the range's lower bound)
-    for k, dist in space.items():
-        for v in support_extremes(dist):
-            fixed.replace(**{k: v})
+    check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)
     return space_obj
 
 
@@ -310,15 +309,7 @@ def _parse_dataset(raw: Mapping[str, Any]) -> DatasetSpec:
     ds = _section(raw, "dataset", tuple(f.name for f in dataclasses.fields(DatasetSpec)))
     dataset = DatasetSpec(**{k: coerce_value(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
                              for k, v in ds.items()})
-    if dataset.name not in _specs.DATASETS:
-        raise ConfigError("dataset.name", f"unknown dataset {dataset.name!r}",
-                          f"use one of: {', '.join(_specs.DATASETS)}")
-    if dataset.name != "digits" and not dataset.path:
-        raise ConfigError("dataset.path", f"dataset {dataset.name!r} needs a path",
-                          "set dataset.path to its folder (a table: its .parquet or .csv file)")
-    for k in ("validation_size", "test_size"):
-        if getattr(dataset, k) < 1:
-            raise ConfigError(f"dataset.{k}", "must be >= 1", "choose a positive number of examples")
+    check_dataset(dataset)
     return dataset
 
 

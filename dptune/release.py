@@ -9,8 +9,10 @@
   the transfer rule moves the selected config to the full data;
 * :func:`release_document` — ``best_config.yaml``: the complete config, no seed, no internal field;
 * :func:`search_certificate` — the certificate, built from the event the ledger charged;
-* :func:`write_release` — the files, with file times set to the reservation time (the search's duration,
-  and so roughly K, must not be readable from ``release/``).
+* :func:`write_release` — the files, bound to the certificate, with mtime and atime set to the reservation
+  time (the search's duration, and so roughly K, must not be readable from what is shipped), and
+  :func:`pack_release` — ``release.tar`` beside the folder, whose only times are the reservation's (a
+  file's ctime cannot be set: ship the archive, not the folder).
 
 ``dptune.search``, the Python API and ``bench/tuning_value.py`` all call these.
 """
@@ -36,7 +38,7 @@ from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig
 from dptune.errors import ConfigError
 from dptune.trials import TrialRow
 
-__all__ = ["Release", "load_release", "release_document", "released_params", "search_certificate", "select",
+__all__ = ["Release", "load_release", "pack_release", "public_dataset", "release_document", "released_params", "search_certificate", "select",
            "select_best", "select_noisy_max", "write_release"]
 
 
@@ -102,6 +104,16 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
     return params, float(score)
 
 
+def public_dataset(spec: DatasetSpec) -> dict[str, Any]:
+    """A dataset spec as shared files carry it (best_config.yaml, model.pt): ``path`` cut to its last component
+    (a local absolute path names the curator's machine and folders; final training reads the full path from
+    the search's sealed record)."""
+    out = dataclasses.asdict(spec)
+    if out.get("path"):
+        out["path"] = Path(str(out["path"]).rstrip("/")).name or None
+    return out
+
+
 def release_document(space: SearchSpace, params: dict[str, Any], score: float | None, *,
                      scaled: ScaledPlan | None = None) -> dict[str, Any]:
     """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one). The
@@ -116,7 +128,7 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
     doc: dict[str, Any] = {
         "released_by": "dptune.search",
         "space": space.name,
-        "dataset": dataclasses.asdict(space.dataset),
+        "dataset": public_dataset(space.dataset),
         "config": space.fixed.replace(**params).to_public_dict(),
         "privacy": {"delta": space.privacy.delta},
         "score": score,
@@ -166,23 +178,55 @@ def day_of(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(timestamp))
 
 
-def write_release(release_dir: Path, document: dict[str, Any], certificate: Certificate, *, mtime: float,
-                  checkpoint: Path | None = None) -> list[Path]:
-    """Write ``best_config.yaml``, ``certificate.json`` (and ``best_checkpoint.pt``), every file and the
-    directory stamped with ``mtime`` (the reservation time: reveals the start, never the duration)."""
+def write_release(release_dir: Path, document: dict[str, Any], certificate: Certificate, *, ledger: Any,
+                  tokens: list[str], mtime: float, checkpoint: Path | None = None) -> Certificate:
+    """Write ``best_config.yaml`` (and ``best_checkpoint.pt``), then ``certificate.json`` bound to the ledger
+    charges ``tokens`` and to those files' SHA-256 (another search's config beside it is refused by
+    ``dptune.train``); every file and the directory stamped with ``mtime`` (the reservation time: reveals
+    the start, never the duration). Returns the bound certificate. ``ledger``: the ``dptune.ledger.Ledger``
+    that holds the charges (the driver's; this module does not open ledgers)."""
     release_dir.mkdir(exist_ok=True)
     cfg = release_dir / "best_config.yaml"
-    cfg.write_text("# Released by dptune.search: the best trial's complete config. Train it with\n"
-                   f"#   python -m dptune.train --release {release_dir}\n"
+    # no local path in a shared file: the command names the folder the recipient has
+    cfg.write_text("# Released by dptune.search: the best trial's complete config. The curator trains it with\n"
+                   "#   python -m dptune.train --release <this folder> --out <a new folder>\n"
                    + yaml.safe_dump(document, sort_keys=False))
-    files = [cfg, release_dir / "certificate.json"]
-    certificate.save(files[1])
+    files = {"best_config.yaml": cfg}
     if checkpoint is not None:
-        files.append(release_dir / "best_checkpoint.pt")
-        shutil.copyfile(checkpoint, files[-1])
-    for f in [*files, release_dir]:
+        files["best_checkpoint.pt"] = release_dir / "best_checkpoint.pt"
+        shutil.copyfile(checkpoint, files["best_checkpoint.pt"])
+    bound = certificate.bind(ledger, tokens, files)
+    bound.save(release_dir / "certificate.json")
+    for f in [*files.values(), release_dir / "certificate.json", release_dir]:
         os.utime(f, (mtime, mtime))
-    return files
+    pack_release(release_dir, release_dir.parent / "release.tar", mtime=mtime)
+    return bound
+
+
+def pack_release(release_dir: Path, out: Path, *, mtime: float) -> Path:
+    """``out``: ``release_dir`` as a ustar archive whose only times are ``mtime``: what to ship.
+
+    The folder itself cannot be shipped as is without its local times: a file's ctime is the moment it was
+    written (the search's end, so roughly K) and no call sets it; ``tar --format=pax`` and GNU tar's
+    defaults copy atime and ctime into the archive. ustar has one time field per entry (mtime, set here),
+    no atime or ctime; owner 0, no user or group names, entries sorted."""
+    import tarfile
+
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime = int(mtime)
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755 if info.isdir() else 0o644
+        return info
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        tar.add(release_dir, arcname="release", recursive=False, filter=clean)
+        for f in sorted(release_dir.iterdir()):
+            tar.add(f, arcname=f"release/{f.name}", recursive=False, filter=clean)
+    os.replace(tmp, out)
+    os.utime(out, (mtime, mtime))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -106,6 +106,30 @@ def _load(args: argparse.Namespace) -> RunData:
     return RunData(run, state, trials, cert, release or {}, ledger)
 
 
+def _shared_folder(folder: Path) -> Path | None:
+    """``folder`` or the first folder above it that is meant to be shared: named ``release``, or holding a
+    dptune certificate (``certificate.json``, or any JSON file of the certificate format)."""
+    for p in (folder, *folder.parents):
+        if p.name == "release" or (p / "certificate.json").exists() or _holds_certificate(p):
+            return p
+    return None
+
+
+def _holds_certificate(folder: Path) -> bool:
+    try:
+        candidates = [f for f in folder.glob("*.json") if f.is_file() and f.stat().st_size < 10_000_000]
+    except OSError:
+        return False
+    for f in candidates:
+        try:
+            with f.open("rb") as fh:
+                if b"dptune-certificate/" in fh.read(4096):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _out_path(args: argparse.Namespace, run: RunDir) -> Path:
     """The report holds every trial and K: it stays in sealed/ unless the curator says, explicitly, that the
     other place is private too; never in release/ (what people share; 0600 does not survive a tar)."""
@@ -118,6 +142,11 @@ def _out_path(args: argparse.Namespace, run: RunDir) -> Path:
     if where.is_relative_to(run.release.resolve()):
         raise ConfigError("--out", "is inside release/, which is meant to be shared",
                           "write the report into sealed/ (the default)")
+    shared = _shared_folder(where.parent)
+    if shared is not None:  # --out-is-private cannot make a folder that is meant to be shared private
+        raise ConfigError("--out", f"is inside {shared}, which is meant to be shared (a folder named release, or one "
+                          "holding a dptune certificate: another run's release or a final-training output)",
+                          "write the report into sealed/ (the default), or into a folder only the curator reads")
     if not where.is_relative_to(run.sealed.resolve()) and not args.out_is_private:
         raise ConfigError("--out", f"{out} is outside the run's sealed/ directory",
                           "keep the default (sealed/report.html), or add --out-is-private if that place is "

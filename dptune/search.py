@@ -17,7 +17,7 @@ from typing import Any
 
 from dptune._cli import callable_module, run_cli
 from dptune._search.driver import SearchRequest
-from dptune.config import SearchSpace, check_adaptive, load_space
+from dptune.config import SearchSpace, check_space, load_space
 from dptune.errors import ConfigError, check_unit_interval
 
 __all__ = ["main"]
@@ -91,10 +91,7 @@ def _apply_overrides(space: SearchSpace, args: argparse.Namespace) -> SearchSpac
         changes["fixed"] = space.fixed.replace(epochs=epochs)
         changes["default"] = space.default.replace(epochs=epochs)
     new = dataclasses.replace(space, **changes)
-    check_adaptive(new)
-    if new.scheduler != "fifo":
-        raise ConfigError("search.scheduler", f"{new.scheduler!r} is not implemented yet",
-                          "use scheduler: fifo (ASHA would release a noised score per rung, each to be charged)")
+    check_space(new)  # the one validation path (the API and the search driver call it too)
     return new
 
 

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from dptune._cli import callable_module, run_cli
-from dptune._final import TrainRequest, run_final
+from dptune._final import TrainingDiverged, TrainRequest, run_final
 
 __all__ = ["main"]
 
@@ -37,7 +37,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return run_cli(lambda: 0 if run_final(TrainRequest(**vars(args))) else 1)
+    return run_cli(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        run_final(TrainRequest(**vars(args)))
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 

@@ -63,3 +63,48 @@ def test_api_bad_input_raises_config_error_and_charges_nothing(tmp_path: Path) -
     assert Ledger(tmp_path / "l.sqlite").charges() == []
     with pytest.raises(dptune.ConfigError, match="tune_fraction"):
         dptune.plan(SPACE, tune_fraction=0)
+
+
+def _asha(raw: dict) -> dict:
+    raw["search"].update(scheduler="asha", accounting="composed")
+    raw["privacy"].update(stopping="composed", mean=2)
+    return raw
+
+
+def _space_object_with(**changes: object) -> object:
+    import dataclasses
+
+    import optuna.distributions as od
+
+    space = dptune.config.load_space(SPACE)
+    if "seed" in changes:
+        return dataclasses.replace(space, fixed=space.fixed.replace(seed=12345))
+    return dataclasses.replace(space, space={**space.space, "score_noise": od.FloatDistribution(1.0, 9.0)})
+
+
+@pytest.mark.parametrize("space, field", [
+    (lambda: _asha(yaml.safe_load(SPACE.read_text())), "search.scheduler"),
+    (lambda: _space_object_with(seed=12345), "fixed.seed"),
+    (lambda: _space_object_with(score_noise=True), "space.score_noise"),
+])
+def test_api_refuses_what_the_cli_refuses_through_one_validation_path(tmp_path: Path, space: object,
+                                                                     field: str) -> None:
+    """Issue 22 item 22: ``scheduler: asha`` (ran FIFO through the API), an internal field set on a SearchSpace
+    object, a searched score noise — refused by dptune.search and dptune.plan as by the CLI, nothing charged."""
+    assert callable(space)
+    with pytest.raises(dptune.ConfigError) as e:
+        dptune.search(space(), budget_epsilon=30, ledger=tmp_path / "l.sqlite", runs_dir=tmp_path / "runs",
+                      seed=_k0_seed())
+    assert e.value.field == field, e.value
+    assert not (tmp_path / "l.sqlite").exists() or Ledger(tmp_path / "l.sqlite").charges() == []
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(dptune.ConfigError) as e:
+        dptune.plan(space(), n_train=1257)
+    assert e.value.field == field
+
+
+def test_cli_refuses_asha_from_the_space_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "asha.yaml").write_text(yaml.safe_dump(_asha(yaml.safe_load(SPACE.read_text()))))
+    rc = search_main(["--space", str(tmp_path / "asha.yaml"), "--ledger", str(tmp_path / "l.sqlite"),
+                      "--runs-dir", str(tmp_path / "runs"), "--budget-epsilon", "30"])
+    assert rc == 2 and "search.scheduler" in capsys.readouterr().err

@@ -81,7 +81,7 @@ def _model_and_table_variants(base: Path, raw: dict[str, Any]) -> dict[str, Path
         variant = yaml.safe_load(yaml.safe_dump(raw))
         if name.startswith("tbl_"):
             variant["dataset"] = {"name": "table", "path": str(table), "label": "y", "features": {"w": [0, 1]},
-                                  "validation_size": 2, "test_size": 2, **change}
+                                  "validation_size": 2, "test_size": 2, "classes": [0, 1], **change}
             variant["model"] = {"name": "mlp"}
         else:
             variant.update(change)
@@ -218,13 +218,13 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("train", lambda w: _train(w, _release_variant(w, "basis", _basis_cfg), "o9"),
      "best_config.config.sampling_basis"),  # an internal field (issue item 3)
     ("train", lambda w: _train(w, _release_variant(w, "forged", _forged), "o10"),
-     "certificate.events"),  # a forged event with recomputed ε (issue item 5)
+     "certificate.binding"),  # a forged event with recomputed ε (issue item 5): the MAC covers ε too
     ("train", lambda w: _train(w, str(w["release"]), "o11", "--ledger", str(w["other_ledger"])),
      "--ledger"),  # a ledger that never saw the search (issue item 19)
     ("train", lambda w: ["--release", str(w["release"]), "--out", str(w["base"] / "o12"), "--run",
                          str(w["base"])], "--release"),  # no sealed record of the search
     ("train", lambda w: _train(w, _release_variant(w, "bn", _bn_model), "o13"),
-     "model: bn1 is BatchNorm"),  # validated as the search validates it, before the ledger reserves
+     "best_config.yaml: is not the file"),  # an edited config: refused by the binding (issue 22 item 1)
     # report
     ("report", lambda w: [str(w["base"] / "no-run")], "run"),
     ("report", lambda w: [str(w["run"]), "--out", str(w["release"] / "report.html")], "--out"),  # item 20

@@ -102,7 +102,7 @@ def test_forged_event_with_recomputed_epsilon_is_refused(tmp_path: Path) -> None
                          binding=cert.binding)
     forged.verify()  # internally consistent
     assert forged.epsilon < cert.epsilon
-    with pytest.raises(CertificateError, match="certificate.events"):
+    with pytest.raises(CertificateError, match="certificate.binding"):  # the MAC covers ε (and every field)
         verify_binding(forged, ledger)
 
 
@@ -131,3 +131,83 @@ def test_guarantee_says_what_is_covered(tmp_path: Path) -> None:
     search = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=1.2, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
     seeded = Certificate.build(DATASET_ID, 1e-5, [("search", search)], {}, reproducible=True)
     assert seeded.guarantee["reproducible"] is True and "NOT PRIVATE" in seeded.guarantee["warning"]
+
+
+def _edited(tmp_path: Path, cert: Certificate, edit: object) -> Certificate:
+    cert.save(tmp_path / "c.json")
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert callable(edit)
+    edit(data)
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    return load_certificate(tmp_path / "c.json", verify=False)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda c: c["guarantee"].update(reproducible=True),
+    lambda c: c["guarantee"].update(warning="none"),
+    lambda c: c["guarantee"].update(neighbouring_relation="replace one example"),
+    lambda c: c["stopping"].update(mean=1.0),
+    lambda c: c["details"].update(searcher="random"),
+    lambda c: c.update(created="2020-01-01"),
+    lambda c: c["versions"].update(dptune="0"),
+    lambda c: c["binding"]["files"].update({"best_config.yaml": "0" * 64}),
+    lambda c: c["binding"]["files"].pop("best_config.yaml"),
+])
+def test_binding_mac_covers_every_certificate_field_and_file_digest(tmp_path: Path, edit: object) -> None:
+    """Issue 22 item 1: the fields the MAC left out (guarantee, reproducible, warning, stopping, details,
+    created) and the released files' digests are authenticated: any edit is refused."""
+    cert, ledger = _bound(tmp_path)
+    (tmp_path / "best_config.yaml").write_text("config: {}\n")
+    cert = Certificate.build(cert.dataset_id, cert.delta, cert.events, cert.stopping, {"searcher": "tpe"}
+                             ).bind(ledger, cert.tokens(), {"best_config.yaml": tmp_path / "best_config.yaml"})
+    verify_binding(_edited(tmp_path, cert, lambda c: None), ledger, folder=tmp_path)  # unedited: accepted
+    with pytest.raises(CertificateError, match="certificate.binding: is not authenticated"):
+        verify_binding(_edited(tmp_path, cert, edit), ledger)
+
+
+def test_binding_refuses_a_config_or_checkpoint_it_was_not_released_with(tmp_path: Path) -> None:
+    cert, ledger = _bound(tmp_path)
+    cfg = tmp_path / "best_config.yaml"
+    cfg.write_text("config: {learning_rate: 0.5}\n")
+    cert = cert.bind(ledger, cert.tokens(), {"best_config.yaml": cfg})
+    verify_binding(cert, ledger, folder=tmp_path)
+    cfg.write_text("config: {learning_rate: 0.6}\n")
+    with pytest.raises(CertificateError, match="best_config.yaml: is not the file"):
+        verify_binding(cert, ledger, folder=tmp_path)
+    cfg.write_text("config: {learning_rate: 0.5}\n")
+    (tmp_path / "best_checkpoint.pt").write_bytes(b"a model")  # a checkpoint the search did not release
+    with pytest.raises(CertificateError, match="best_checkpoint.pt: was not released"):
+        verify_binding(cert, ledger, folder=tmp_path)
+    cfg.unlink()
+    (tmp_path / "best_checkpoint.pt").unlink()
+    with pytest.raises(CertificateError, match="best_config.yaml: is missing"):
+        verify_binding(cert, ledger, folder=tmp_path)
+
+
+def test_a_certificate_bound_before_its_files_were_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    """Decision for older certificates (binding version 1: the MAC covered the charges only): their ε still
+    verifies, but they cannot authorize final training — nothing authenticates the config beside them."""
+    import hmac as hmac_
+
+    cert, ledger = _bound(tmp_path)
+    charges = cert.binding["charges"]
+    message = json.dumps({"format": "dptune-certificate/2", "dataset_id": cert.dataset_id, "delta": cert.delta,
+                          "charges": charges}, sort_keys=True, separators=(",", ":")).encode()
+    old = Certificate(cert.dataset_id, cert.delta, cert.events, cert.epsilon, cert.stopping,
+                      binding={"charges": charges, "mac": ledger.mac(message)})
+    assert hmac_.compare_digest(old.binding["mac"], ledger.mac(message))
+    old.save(tmp_path / "old.json")
+    loaded = load_certificate(tmp_path / "old.json")  # readable, ε verifies
+    with pytest.raises(CertificateError, match="older dptune") as e:
+        verify_binding(loaded, ledger)
+    assert "run a new search" in str(e.value)
+
+
+def test_guarantee_states_it_is_conditional_on_the_published_split_sizes(tmp_path: Path) -> None:
+    """Issue 22 item 10: "add or remove one example" and "split sizes are public" contradicted each other;
+    the certificate now says plainly that (ε, δ) is conditional on the sizes it publishes."""
+    _cert().save(tmp_path / "c.json")
+    g = json.loads((tmp_path / "c.json").read_text())["guarantee"]
+    assert "treated as public" not in json.dumps(g)
+    assert "published split sizes" in g["neighbouring_relation"]
+    assert "details.n_train" in g["conditional_on"] and "does not hide the sizes" in g["conditional_on"]

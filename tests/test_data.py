@@ -90,21 +90,42 @@ def _write_pngs(folder: Path, classes: tuple[str, ...], per_class: int, size: in
             Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / c / f"{i}.png")
 
 
+CLASSES = ["cat", "dog", "eel"]
+
+
 def test_imagefolder_with_and_without_test(tmp_path: Path) -> None:
     _write_pngs(tmp_path / "train", ("cat", "dog", "eel"), per_class=8)
-    s = load_dataset(DatasetSpec(name="imagefolder", path=str(tmp_path), validation_size=3, test_size=4))
+    s = load_dataset(DatasetSpec(name="imagefolder", path=str(tmp_path), validation_size=3, test_size=4,
+                                 classes=CLASSES))
     assert (len(s.train[1]), len(s.val[1]), len(s.test[1])) == (17, 3, 4)
     assert s.input_shape == (3, 32, 32) and s.num_classes == 3
     assert float(s.train[0].min()) >= -1.0 and float(s.train[0].max()) <= 1.0
     _write_pngs(tmp_path / "test", ("cat", "dog", "eel"), per_class=2)
-    s2 = load_dataset(DatasetSpec(name="imagefolder", path=str(tmp_path), validation_size=3))
+    s2 = load_dataset(DatasetSpec(name="imagefolder", path=str(tmp_path), validation_size=3, classes=CLASSES))
     assert (len(s2.train[1]), len(s2.val[1]), len(s2.test[1])) == (21, 3, 6)
+
+
+def test_imagefolder_classes_are_declared_never_read_off_the_folders(tmp_path: Path) -> None:
+    """Issue 22 item 5: the output layer is the declared class list: a space without one is refused, a class
+    folder it does not list is refused (not named: a label value may be private), a declared class without
+    a folder still counts (the model's shape does not depend on which classes hold records)."""
+    with pytest.raises(ConfigError) as e:
+        DatasetSpec(name="imagefolder", path=str(tmp_path))
+    assert e.value.field == "dataset.classes" and "required" in str(e.value)
+    _write_pngs(tmp_path / "train", ("cat", "dog", "secretclass"), per_class=4)
+    with pytest.raises(ConfigError) as e:
+        load_dataset(DatasetSpec(name="imagefolder", path=str(tmp_path), validation_size=2, test_size=2,
+                                 classes=["cat", "dog"]))
+    assert e.value.field == "dataset.classes" and "secretclass" not in str(e.value)
+    s = load_dataset(DatasetSpec(name="imagefolder", path=str(tmp_path), validation_size=2, test_size=2,
+                                 classes=["cat", "dog", "secretclass", "zebra"]))
+    assert s.num_classes == 4 and int(torch.cat([s.train[1], s.val[1], s.test[1]]).max()) == 2
 
 
 def test_imagefolder_missing_path(tmp_path: Path) -> None:
     for path in (None, str(tmp_path / "nope"), str(tmp_path)):
         with pytest.raises(ConfigError) as e:
-            load_dataset(DatasetSpec(name="imagefolder", path=path))
+            load_dataset(DatasetSpec(name="imagefolder", path=path, classes=CLASSES))
         assert e.value.field == "dataset.path"
 
 

@@ -183,7 +183,7 @@ def test_missing_files_name_the_path_and_layout(tmp_path: Path, name: str, hint:
     (DatasetSpec(name="fashion_mnist", path="x", split="train", validation_size=1000, test_size=1000), 58000),
     (DatasetSpec(name="cifar100", path="x", validation_size=1000), 49000),
     (DatasetSpec(name="svhn", path="x", validation_size=3257), 70000),
-    (DatasetSpec(name="imagefolder", path="x"), None),
+    (DatasetSpec(name="imagefolder", path="x", classes=["a", "b"]), None),
 ])
 def test_nominal_train_size_without_reading_data(spec: DatasetSpec, n: int | None) -> None:
     assert nominal_train_size(spec) == n
@@ -197,5 +197,5 @@ def test_split_applies_to_torchvision_datasets_only() -> None:
         DatasetSpec(name="mnist", path="x", split="extra")
     assert e.value.field == "dataset.split"
     with pytest.raises(ConfigError) as e:
-        DatasetSpec(name="imagefolder", path="x", download=True)
+        DatasetSpec(name="imagefolder", path="x", download=True, classes=["a", "b"])
     assert e.value.field == "dataset.download"

@@ -42,7 +42,7 @@ def _table(**changes: Any) -> pa.Table:
 
 def _spec(path: Path, **changes: Any) -> DatasetSpec:
     base: dict[str, Any] = dict(name="table", path=str(path), label="label", features={"a": [0, 10], "b": [-1, 1]},
-                                validation_size=2, test_size=2)
+                                validation_size=2, test_size=2, classes=["maybe", "no", "yes"])
     return DatasetSpec(**{**base, **changes})
 
 
@@ -67,7 +67,7 @@ def _expected(table: pa.Table, bounds: dict[str, list[float]], classes: list[str
 def test_table_bounds_clip_and_scale(tmp_path: Path, kind: str) -> None:
     s = load_dataset(_spec(_write(tmp_path, _table(), kind)))
     assert (len(s.train[1]), len(s.val[1]), len(s.test[1])) == (8, 2, 2)
-    assert s.input_shape == (1, 1, 2) and s.num_classes == 3  # rows as (1, 1, d); labels by sorted value
+    assert s.input_shape == (1, 1, 2) and s.num_classes == 3  # rows as (1, 1, d); labels as declared
     assert _rows(s) == _expected(_table(), {"a": [0, 10], "b": [-1, 1]}, ["maybe", "no", "yes"])
     x = torch.cat([s.train[0], s.val[0], s.test[0]])
     assert float(x[..., 0].max()) == 1.0 and float(x[..., 1].min()) == -1.0  # outside the bounds: clipped
@@ -90,7 +90,8 @@ def test_parquet_and_csv_load_alike_and_identity_ignores_declarations(tmp_path: 
 
 
 def test_integer_labels(tmp_path: Path) -> None:
-    s = load_dataset(_spec(_write(tmp_path, _table(label=[i % 4 for i in range(ROWS)]), "parquet")))
+    s = load_dataset(_spec(_write(tmp_path, _table(label=[i % 4 for i in range(ROWS)]), "parquet"),
+                           classes=[0, 1, 2, 3]))
     assert s.num_classes == 4
     s = load_dataset(_spec(_write(tmp_path, _table(label=[i % 2 for i in range(ROWS)]), "csv"), classes=[1, 0]))
     assert s.num_classes == 2 and sorted(_rows(s))[0][0] == 0
@@ -108,7 +109,6 @@ BAD_TABLES: list[tuple[str, str, dict[str, Any], dict[str, Any], str]] = [
     ("float-label", "parquet", {"label": [0.5] * ROWS}, {}, "dataset.label"),
     ("undeclared-label", "csv", {}, {"classes": ["yes", "no"]}, "dataset.label"),
     ("classes-type", "parquet", {}, {"classes": [0, 1, 2]}, "dataset.classes"),
-    ("one-class", "csv", {"label": ["yes"] * ROWS}, {}, "dataset.label"),
 ]
 
 
@@ -127,12 +127,39 @@ def test_bad_table_names_the_column(tmp_path: Path, kind: str, columns: dict[str
     ({"features": {"a": 3}}, "dataset.features.a"), ({"features": {}}, "dataset.features"),
     ({"features": {"label": [0, 1]}}, "dataset.features.label"), ({"label": None}, "dataset.label"),
     ({"classes": ["yes"]}, "dataset.classes"), ({"classes": ["a", "a"]}, "dataset.classes"),
+    ({"classes": None}, "dataset.classes"),
     ({"split": "test"}, "dataset.split"), ({"name": "digits"}, "dataset.label"),
 ])
 def test_bad_table_declarations(tmp_path: Path, changes: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as e:
         _spec(tmp_path / "t.csv", **changes)
     assert e.value.field == field, e.value
+
+
+@pytest.mark.parametrize("label", [["yes", "no", "maybe"] * (ROWS // 3), [i % 4 for i in range(ROWS)]])
+def test_a_table_whose_classes_would_come_from_its_labels_is_refused(tmp_path: Path, label: list[Any]) -> None:
+    """Issue 22 item 5: without dataset.classes one record with a new label changed the model's output layer
+    (membership of that record); the class list must be declared (string and integer labels alike)."""
+    with pytest.raises(ConfigError) as e:
+        load_dataset(_spec(_write(tmp_path, _table(label=label), "csv"), classes=None))
+    assert e.value.field == "dataset.classes" and "required" in str(e.value)
+    raw = yaml.safe_load(SPACE.read_text())
+    del raw["dataset"]["classes"]
+    with pytest.raises(ConfigError) as e:  # refused from the space, before any data is read or charged
+        parse_space(raw)
+    assert e.value.field == "dataset.classes"
+
+
+def test_messages_about_private_records_neither_count_nor_quote_them(tmp_path: Path) -> None:
+    """Issue 22 item 8: a missing-value count or a label value of a private record is a release."""
+    cases = [({"b": [float("nan")] * 3 + [0.1 * i for i in range(3, ROWS)]}, {}),
+             ({"label": ["secret-label"] + ["yes", "no", "maybe"] * 3 + ["yes", "no"]}, {}),
+             ({"label": [None, None] + ["yes", "no", "maybe"] * 3 + ["yes"]}, {})]
+    for columns, changes in cases:
+        with pytest.raises(ConfigError) as e:
+            load_dataset(_spec(_write(tmp_path, _table(**columns), "parquet"), **changes))
+        text = str(e.value)
+        assert "secret-label" not in text and not re.search(r"\b[23]\b", text), text
 
 
 def test_bad_table_files(tmp_path: Path) -> None:

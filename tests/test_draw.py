@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import optuna.distributions as od
@@ -60,3 +61,52 @@ def test_trial_config_keeps_a_128_bit_seed_exactly() -> None:
 
     seed = 2**127 + 12345
     assert TrialConfig.from_dict({"seed": seed}).seed == seed
+
+
+def _tpe_space() -> object:
+    import yaml
+
+    from dptune.config import parse_space
+
+    raw = yaml.safe_load(Path(SPACE).read_text())
+    raw["search"].update(searcher="tpe", accounting="composed")
+    raw["privacy"].update(stopping="composed", mean=2)
+    return parse_space(raw)
+
+
+def _sampler_state(seed: int) -> tuple:
+    from dptune._search.searchers import searcher
+
+    space = _tpe_space()
+    draw = make_draw(space, A.stopping_rule("composed", mean=2), seed=seed)  # type: ignore[arg-type]
+    alg = searcher("tpe").search_alg(space, draw)  # type: ignore[arg-type]
+    return draw, alg._sampler._rng.rng.get_state()
+
+
+def test_tpe_sampler_is_seeded_by_its_own_full_128_bit_stream() -> None:
+    """Issue 22 item 25: the TPE sampler's RandomState comes from the draw's own "sampler" stream, all 128 bits
+    of it — not from the low 32 bits of the "searcher" stream that keys the adaptive trials' seeds."""
+    from dptune._search.searchers import seed_words
+
+    draw, state = _sampler_state(7)
+    expected = np.random.RandomState(seed_words(draw.stream_seed("sampler"))).get_state()
+    assert np.array_equal(state[1], expected[1])
+    trial_key = np.random.RandomState(draw.stream_seed("searcher") % 2**32).get_state()
+    assert not np.array_equal(state[1], trial_key[1])
+    assert draw.stream_seed("sampler") != draw.stream_seed("searcher")
+    # two 128-bit seeds that agree in their low 32 bits seed different samplers
+    words = seed_words(2**100 + 5)
+    assert not np.array_equal(np.random.RandomState(words).get_state()[1],
+                              np.random.RandomState(seed_words(5)).get_state()[1])
+
+
+def test_optuna_prints_nothing_once_a_tpe_searcher_is_built(capfd: pytest.CaptureFixture[str]) -> None:
+    """Issue 22 item 9: Optuna's own log lines (trial numbers, values, wall-clock times) are silenced."""
+    import optuna
+
+    _sampler_state(7)
+    capfd.readouterr()
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    study.tell(trial, 0.5)
+    assert capfd.readouterr().err == ""

@@ -23,6 +23,7 @@ from dptune import _plots
 from dptune.accounting import epsilon, plan_search
 from dptune.certificate import Certificate, load_certificate
 from dptune.config import load_space
+from dptune.errors import ConfigError
 from dptune.ledger import Ledger
 from dptune.report import ledger_series, main, search_trial_event
 from dptune.rundir import RunDir
@@ -231,3 +232,35 @@ def test_search_trial_event_reads_any_search_certificate(fraction: float) -> Non
     assert (trial, rule, tune_fraction) == (plan.trial_event, plan.stopping, fraction)
     table = _plots.stopping_rule_table(trial, cert.delta, (1, rule.mean), tune_fraction=tune_fraction)
     assert dict(table[rule.family()])[rule.mean] == pytest.approx(cert.epsilon, rel=1e-9)
+
+
+def test_out_is_private_never_writes_into_a_release_or_a_certified_folder(tmp_path: Path) -> None:
+    """Issue 22 item 7: --out-is-private cannot put the curator report (every trial, K) into another run's
+    release/, a folder named release (or inside one), or a folder holding a dptune certificate (a
+    final-training output); a folder only the curator reads is still accepted."""
+    import argparse
+
+    from dptune.report import _out_path
+
+    run = RunDir(tmp_path / "runs" / "mine")
+    run.create()
+    other = RunDir(tmp_path / "runs" / "other")
+    other.create()
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "certificate.json").write_text('{"format": "dptune-certificate/2"}')
+    shipped = tmp_path / "to_share"
+    shipped.mkdir()
+    (shipped / "cert-copy.json").write_text('{"format": "dptune-certificate/2", "epsilon": 1}')
+    (tmp_path / "release" / "deep").mkdir(parents=True)
+    (tmp_path / "private").mkdir()
+
+    def args(out: Path) -> argparse.Namespace:
+        return argparse.Namespace(out=str(out), out_is_private=True)
+
+    for out in (other.release / "r.html", tmp_path / "release" / "r.html", tmp_path / "release" / "deep" / "r.html",
+                final / "r.html", shipped / "r.html"):
+        with pytest.raises(ConfigError) as e:
+            _out_path(args(out), run)
+        assert e.value.field == "--out" and "meant to be shared" in str(e.value), out
+    assert _out_path(args(tmp_path / "private" / "r.html"), run) == tmp_path / "private" / "r.html"

@@ -262,24 +262,32 @@ def test_use_best_checkpoint_exports_without_charge(release: tuple[Path, Path], 
     assert 0 <= json.loads((tmp_path / "o" / "metrics.json").read_text())["test_accuracy"] <= 1
 
 
-def test_an_older_release_and_checkpoint_export(release: tuple[Path, Path], tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """A release and best checkpoint written before model_kwargs and the later dataset keys existed: read
-    with those fields at their defaults (what ran then), so the checkpoint matches its config."""
+def test_an_edited_release_or_checkpoint_is_refused_even_when_equivalent(release: tuple[Path, Path], tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The binding covers the files' bytes (issue 22 item 1): best_config.yaml rewritten without the later
+    fields (read at their defaults, the same config) or a checkpoint re-saved without model_kwargs is not the
+    file that was released — refused, nothing charged. (Reading older files at the later defaults:
+    tests/test_older_records.py.)"""
     import torch
 
     from dptune.config import DatasetSpec, TrialConfig, later_defaults
 
     rel, ledger_path = release
+    before = Ledger(ledger_path).charges()
     old = _copy(rel, tmp_path)
     doc = yaml.safe_load((old / "best_config.yaml").read_text())
     for section, cls in (("config", TrialConfig), ("dataset", DatasetSpec)):
         for name in later_defaults(cls):
             del doc[section][name]
     (old / "best_config.yaml").write_text(yaml.safe_dump(doc))
+    rc, _, err = _train(capsys, "--release", str(old), "--run", str(rel.parent), "--out", str(tmp_path / "o"),
+                        "--ledger", str(ledger_path), "--use-best-checkpoint")
+    assert rc == 2 and "best_config.yaml: is not the file" in err, err
+    shutil.copyfile(rel / "best_config.yaml", old / "best_config.yaml")
     ckpt = torch.load(old / "best_checkpoint.pt", weights_only=True)
     del ckpt["config"]["model_kwargs"]
     torch.save(ckpt, old / "best_checkpoint.pt")
-    rc, out, err = _train(capsys, "--release", str(old), "--run", str(rel.parent), "--out", str(tmp_path / "o"),
-                          "--ledger", str(ledger_path), "--use-best-checkpoint")
-    assert rc == 0 and "no new charge" in out, err
+    rc, _, err = _train(capsys, "--release", str(old), "--run", str(rel.parent), "--out", str(tmp_path / "o"),
+                        "--ledger", str(ledger_path), "--use-best-checkpoint")
+    assert rc == 2 and "best_checkpoint.pt: is not the file" in err, err
+    assert Ledger(ledger_path).charges() == before and not (tmp_path / "o" / "model.pt").exists()

@@ -29,7 +29,9 @@ __all__ = ["Draw", "make_draw", "sample_params"]
 
 TEST_HOOK = "DPTUNE_TEST_DRAW_SEED"
 SECRET_BITS = 128
-_STREAMS = {"k": 0, "params": 1, "subsample": 2, "trial_seed": 3, "searcher": 4, "selection": 5}
+# "searcher" keys the adaptive searchers' trial seeds; "sampler" seeds the adaptive sampler (TPE) itself: two
+# independent 128-bit streams (a sampler seeded from a slice of the trial-seed key would share its bits)
+_STREAMS = {"k": 0, "params": 1, "subsample": 2, "trial_seed": 3, "searcher": 4, "selection": 5, "sampler": 6}
 
 
 def _derived(draw_seed: int, *key: int) -> int:
@@ -74,7 +76,8 @@ class Draw:
     reproducible: bool
 
     def stream_seed(self, name: str) -> int:
-        """128-bit seed of one of the draw's secret streams (``subsample``, ``searcher``, ``selection``)."""
+        """128-bit seed of one of the draw's secret streams (``subsample``, ``searcher`` (adaptive trials'
+        seeds), ``sampler`` (the adaptive sampler's own randomness), ``selection``)."""
         return _derived(self.draw_seed, _STREAMS[name])
 
     def save(self, path: Path) -> None:

@@ -2,7 +2,7 @@
 release. The CLI (``python -m dptune.search``) parses flags into a :class:`SearchRequest` and prints.
 
 Order (rule 4): nothing touches data before the ledger holds the charge, except reading the dataset to
-fingerprint it and to know n (public: split sizes are treated as public, see the certificate).
+fingerprint it and to know n (published: the guarantee is conditional on the split sizes, see the certificate).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import optuna.distributions as od
 from dptune._search.draw import Draw, make_draw
 from dptune._search.options import RayOptions, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
-from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, later_defaults
+from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta
 from dptune.ledger import Charge, Ledger
 from dptune.release import (
@@ -146,13 +146,14 @@ def _budget_key(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[
     same = None if req.new_dataset else ledger.same_dataset(p.fingerprint, digests)
     if same is not None:
         if same[0] != p.fingerprint:
-            say(f"  this dataset shares {same[1]:.1%} of its examples with a budgeted dataset: charged to that "
-                "budget (pass --new-dataset only if it truly is another dataset)")
+            # never the exact share: it counts private records (how many differ from the budgeted set)
+            say("  this dataset shares most of its examples (at least the ledger's near-copy threshold) with a "
+                "budgeted dataset: charged to that budget (pass --new-dataset only if it truly is another dataset)")
         return same[0]
     if req.new_dataset:
         near = ledger.same_dataset(p.fingerprint, digests)
         say("  --new-dataset: this dataset gets a budget of its own" + (
-            f", although it shares {near[1]:.1%} of its examples with a budgeted one" if near else ""))
+            ", although it shares most of its examples with a budgeted one" if near else ""))
     if req.budget_epsilon is None:
         raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {req.ledger}",
                           "pass --budget-epsilon E (and --budget-delta) once, or use python -m dptune.ledger set-budget")
@@ -277,6 +278,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     ``runner.SearchInterrupted`` (trials sealed, charge kept) when interrupted."""
     from dptune._search.runner import SearchInterrupted
 
+    check_space(req.space)  # however the space was built (file, dict, object, overrides): before anything runs
     os.umask(0o077)  # every file this search (and the Ray it starts) writes is owner-only
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
     p = _prepare(req)
@@ -310,11 +312,11 @@ def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, char
     budget_fp = run.read_state()["budget_fingerprint"]
     cert = search_certificate(req.space, p.plan, charge.event, dataset_id=ledger.dataset_id(budget_fp),
                               reproducible=draw.reproducible, created=day_of(charge.created), scaled=p.scaled)
-    cert = cert.bind(ledger, [charge.token])
     checkpoint = None
     if req.ray.save_model and best is not None and best.checkpoint:
         checkpoint = Path(best.checkpoint) / "model.pt"
-    write_release(run.release, document, cert, mtime=charge.created, checkpoint=checkpoint)
+    cert = write_release(run.release, document, cert, ledger=ledger, tokens=[charge.token], mtime=charge.created,
+                         checkpoint=checkpoint)
     ledger.commit(charge.id)
     run.write_state(status="released")
     return SearchOutcome(run, document, cert.epsilon, cert.delta, p.plan.stopping.label(), dashboard)

@@ -8,6 +8,7 @@ would cap K, which random stopping forbids (rule 1).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -31,7 +32,7 @@ from dptune.errors import ConfigError
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow
 
-__all__ = ["SearchFailed", "SearchInterrupted", "make_tuner", "run_trials"]
+__all__ = ["SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials"]
 
 # Tune's default CSV/JSON/TensorBoard loggers hold per-trial metrics and cost time per trial; dptune
 # writes its own sealed record. Trials keep the driver's working directory. Mid-trial checkpoint reports
@@ -100,8 +101,19 @@ class _SealedLog(Callback):
         self._write(f"trial {trial.config.get('trial_index')} failed after retries (infrastructure)")
 
 
+def progress(show_trials: bool, every: float = 15.0) -> Any:
+    """What the terminal shows while trials run. By default one line and nothing after it: an elapsed time
+    (or a line every few seconds) gives the search's duration, and so roughly K, to whoever sees the output
+    (a shared notebook, a CI log). With ``--show-trials`` (curator only) a heartbeat with the elapsed time."""
+    if show_trials:
+        return _Heartbeat(every)
+    print("  search running … (no progress or elapsed time is shown: the duration would tell the number of "
+          "trials; --show-trials shows it on a curator-only terminal)", flush=True)
+    return contextlib.nullcontext()
+
+
 class _Heartbeat:
-    """Private-mode progress for the curator's terminal: elapsed time only (counts would reveal K)."""
+    """Curator-only progress (``--show-trials``): the elapsed time."""
 
     def __init__(self, every: float = 15.0) -> None:
         self.every = every
@@ -158,7 +170,7 @@ def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _Se
     exp_dir = f"{str(storage).rstrip('/')}/tune" if isinstance(storage, str) else str(storage / "tune")
     if resume and tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
         return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    alg = searcher(space.searcher).search_alg(space, draw.stream_seed("searcher"))
+    alg = searcher(space.searcher).search_alg(space, draw)  # seeded from the draw's own sampler stream
     return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg)
 
 
@@ -177,7 +189,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
         resources)
     log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)
     try:
-        with _Heartbeat(), _sigterm_as_sigint():
+        with progress(show_trials), _sigterm_as_sigint():
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
         (run.sealed / "logs").mkdir(exist_ok=True)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dptune.config import SEARCHERS as CONFIG_SEARCHERS
 from dptune.config import SearchSpace
 
-__all__ = ["SEARCHERS", "Searcher", "searcher"]
+if TYPE_CHECKING:
+    from dptune._search.draw import Draw
+
+__all__ = ["SEARCHERS", "Searcher", "searcher", "seed_words"]
 
 
 @dataclass(frozen=True)
@@ -23,10 +26,18 @@ class Searcher:
     name: str
     adaptive: bool
     score_releases_per_trial: int
-    build: Callable[[SearchSpace, int], Any] | None  # (space, 63-bit seed) -> Tune search algorithm
+    build: Callable[[SearchSpace, int], Any] | None  # (space, 128-bit seed) -> Tune search algorithm
 
-    def search_alg(self, space: SearchSpace, seed: int) -> Any:
-        return None if self.build is None else self.build(space, seed)
+    def search_alg(self, space: SearchSpace, draw: Draw) -> Any:
+        """The Tune search algorithm, seeded from the draw's own ``sampler`` stream (128 bits; independent of
+        the ``searcher`` stream that keys the adaptive trials' seeds)."""
+        return None if self.build is None else self.build(space, draw.stream_seed("sampler"))
+
+
+def seed_words(seed: int) -> list[int]:
+    """A 128-bit seed as the four 32-bit words numpy's legacy ``RandomState.seed`` takes (init_by_array:
+    every bit counts; an int seed there is cut to 32 bits)."""
+    return [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(4)]
 
 
 def _tpe(space: SearchSpace, seed: int) -> Any:
@@ -40,9 +51,14 @@ def _tpe(space: SearchSpace, seed: int) -> Any:
         def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
             return None
 
-    # OptunaSearch(sampler=...) ignores its own seed: the sampler is seeded (from the sealed draw)
-    return _FinalOnlyOptunaSearch(space=dict(space.space), metric="score", mode="max",
-                                  sampler=TPESampler(seed=seed % (2**32)))
+    import optuna
+
+    optuna.logging.disable_default_handler()  # Optuna's INFO lines carry trial numbers, scores and times
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    # OptunaSearch(sampler=...) ignores its own seed: the sampler is seeded from the sealed draw's 128-bit
+    # sampler stream, all of it (TPESampler hands the seed to RandomState.seed, which takes a word array)
+    sampler = TPESampler(seed=cast(int, seed_words(seed)))
+    return _FinalOnlyOptunaSearch(space=dict(space.space), metric="score", mode="max", sampler=sampler)
 
 
 SEARCHERS: dict[str, Searcher] = {

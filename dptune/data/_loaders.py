@@ -57,9 +57,12 @@ def _read_folder(folder: Path, classes: list[str]) -> Pair:
     from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
-    tf = transforms.Compose([transforms.Resize((IMAGE_SIZE, IMAGE_SIZE)), transforms.ToTensor()])
-    ds = ImageFolder(str(folder), transform=tf, loader=lambda p: _rgb(p))
     index = {c: i for i, c in enumerate(classes)}
+    if any(d.is_dir() and d.name not in index for d in folder.iterdir()):  # not named: a private label value
+        raise ConfigError("dataset.classes", f"{folder.name}/ holds a class folder that dataset.classes does not list",
+                          "list every class folder in dataset.classes (or move that folder out)")
+    tf = transforms.Compose([transforms.Resize((IMAGE_SIZE, IMAGE_SIZE)), transforms.ToTensor()])
+    ds = ImageFolder(str(folder), transform=tf, loader=lambda p: _rgb(p), allow_empty=True)
     xs, ys = [], []
     for img, label in ds:
         xs.append(img)
@@ -77,16 +80,15 @@ def _rgb(path: str) -> Any:
 
 
 def load_imagefolder(spec: DatasetSpec) -> Splits:
-    """``<path>/train/<class>/*`` (+ optional ``<path>/test/<class>/*``), resized to 32x32 RGB."""
+    """``<path>/train/<class>/*`` (+ optional ``<path>/test/<class>/*``), resized to 32x32 RGB; class i is
+    ``dataset.classes[i]`` (declared: a folder it does not list is refused, a listed one may be absent)."""
     root = existing_dir(spec)
     train_dir, test_dir = root / "train", root / "test"
     if not train_dir.is_dir():
         raise ConfigError("dataset.path", f"{str(root)!r} has no train/ folder",
                           "lay the images out as <path>/train/<class>/*.png")
-    classes = sorted(d.name for d in train_dir.iterdir() if d.is_dir())
-    if len(classes) < 2:
-        raise ConfigError("dataset.path", f"{str(train_dir)!r} has {len(classes)} class folders",
-                          "put each class's images in its own folder under train/")
+    # the declared classes, in order (never the folders found: a new folder would change the output layer)
+    classes = [str(c) for c in spec.classes or []]
     x, y = _read_folder(train_dir, classes)
     if test_dir.is_dir():
         test = _read_folder(test_dir, classes)

@@ -3,13 +3,14 @@
 Preprocessing looks at no private data: each declared feature is clipped to its declared public bounds
 [low, high] and mapped linearly onto [-1, 1] from those bounds (never from the data's mean, std, min or
 max). A row becomes a (1, 1, d) tensor: one channel, one row of the d declared features, in declared order
-(the ``mlp`` model flattens it). Labels: the declared ``dataset.classes`` in order (class i = classes[i]);
-without them, integer labels are the classes themselves (0..max) and string labels are numbered by their
-sorted unique values (a data-dependent choice: declare ``classes`` to keep the label set public).
+(the ``mlp`` model flattens it). Labels: the declared ``dataset.classes`` in order (class i = classes[i]),
+required: a class list read off the data would make the model's output layer reveal a record with a new label.
 
 Refused with a ConfigError naming the column (CLIs: exit 2, before anything is charged): a missing label
 column, a declared feature that does not exist or is not numeric, any missing value (null or NaN) in a
-declared feature or the label. dptune does not impute: an imputed value would be computed from private data.
+declared feature or the label, a label that ``classes`` does not list. dptune does not impute: an imputed
+value would be computed from private data. Messages say what is wrong, never how many records or which value
+(a count or a label value of private records is a release).
 
 Ledger identity: the digests of the whole source rows (every column, by name), not of the preprocessed
 tensors, so declaring other features or bounds for the same table cannot open a fresh privacy budget.
@@ -82,42 +83,31 @@ def _feature(table: pa.Table, col: str, low: float, high: float) -> np.ndarray:
         raise ConfigError(field, f"column {col!r} is {column.type}, not numeric",
                           "declare numeric columns only (encode a category as numbers first)")
     values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
-    missing = column.null_count + int(np.isnan(values).sum())
-    if missing:
-        raise ConfigError(field, f"column {col!r} has {missing} missing values (null or NaN)",
+    if column.null_count or np.isnan(values).any():
+        raise ConfigError(field, f"column {col!r} has missing values (null or NaN)",
                           "drop or fill them before loading: dptune does not impute from private data")
     return np.clip((values - low) / (high - low) * 2.0 - 1.0, -1.0, 1.0)
 
 
 def _labels(column: pa.ChunkedArray, name: str, classes: list[Any] | None) -> tuple[torch.Tensor, int]:
+    if classes is None:  # DatasetSpec refuses a table without them; here for a spec built around that check
+        raise ConfigError("dataset.classes", "is required for a table", "declare the classes in order")
     if column.null_count:
-        raise ConfigError("dataset.label", f"column {name!r} has {column.null_count} missing labels",
-                          "drop those rows before loading")
+        raise ConfigError("dataset.label", f"column {name!r} has missing labels", "drop those rows before loading")
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     integer = pa.types.is_integer(column.type)
     if not (integer or pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         raise ConfigError("dataset.label", f"column {name!r} is {column.type}: labels must be integers or strings",
-                          "store class labels as integers 0..K-1 or as strings")
+                          "store class labels as integers or as strings, and list them in dataset.classes")
+    if not all(isinstance(c, int) if integer else isinstance(c, str) for c in classes):
+        raise ConfigError("dataset.classes", f"column {name!r} holds {'integers' if integer else 'strings'}, "
+                          f"dataset.classes lists {classes!r}", "list the label values as they are stored")
+    index = {c: i for i, c in enumerate(classes)}
     values = column.to_pylist()
-    if classes is not None:
-        if not all(isinstance(c, int) if integer else isinstance(c, str) for c in classes):
-            raise ConfigError("dataset.classes", f"column {name!r} holds {'integers' if integer else 'strings'}, "
-                              f"dataset.classes lists {classes!r}", "list the label values as they are stored")
-        index = {c: i for i, c in enumerate(classes)}
-    elif integer:
-        if min(values, default=0) < 0:
-            raise ConfigError("dataset.label", f"column {name!r} has negative labels",
-                              "use labels 0..K-1, or declare them in dataset.classes")
-        index = {v: v for v in range(max(values, default=-1) + 1)}
-    else:
-        index = {v: i for i, v in enumerate(sorted(set(values)))}
-    unknown = next((v for v in values if v not in index), None)
-    if unknown is not None:
-        raise ConfigError("dataset.label", f"column {name!r} holds {unknown!r}, which dataset.classes does not list",
-                          "list every label value in dataset.classes")
-    if len(index) < 2:
-        raise ConfigError("dataset.label", f"column {name!r} has {len(index)} class", "a classifier needs >= 2 classes")
+    if any(v not in index for v in values):  # never quoted: a private record's label
+        raise ConfigError("dataset.label", f"column {name!r} holds a value that dataset.classes does not list",
+                          "list every label value in dataset.classes (or drop the rows whose label is not a class)")
     return torch.tensor([index[v] for v in values], dtype=torch.int64), len(index)
 
 

@@ -34,6 +34,8 @@ from dptune.config import ConfigError, DatasetSpec
 from dptune.data._loaders import CIFAR10_MEAN, CIFAR10_STD, existing_dir, normalise, take
 from dptune.data._splits import Splits, make_splits, split_indices
 
+# each dataset's declared number of classes (public, fixed: never counted from the files)
+CLASS_COUNTS = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
 # (uint8 images N x C x H x W, int64 labels, number of classes), or None when the split's files are absent
 Raw = tuple[torch.Tensor, torch.Tensor, int]
 Reader = Callable[[Path, str, bool], Raw | None]
@@ -62,7 +64,11 @@ def load_vision(spec: DatasetSpec) -> Splits:
 def _read(reader: Reader, root: Path, split: str, spec: DatasetSpec) -> Raw:
     raw = reader(root, split, spec.download)
     if raw is not None:
-        return raw
+        k = CLASS_COUNTS[spec.name]
+        if len(raw[1]) and (int(raw[1].min()) < 0 or int(raw[1].max()) >= k):  # no count, no value: private
+            raise ConfigError("dataset.path", f"the {split} split holds labels outside {spec.name}'s {k} classes",
+                              f"use the dataset's original files (labels 0..{k - 1})")
+        return raw[0], raw[1], k
     other = "test" if split == "train" else "train"
     if spec.split == "official" and reader(root, other, False) is not None:
         raise ConfigError("dataset.split", f"{str(root)!r} holds only the {other} split of {spec.name}",
@@ -123,7 +129,7 @@ def _read_idx(images: Path, labels: Path) -> Raw:
             raise ConfigError("dataset.path", f"{images.name} / {labels.name} are not IDX image / label files "
                               f"({type(e).__name__}: {e})", "use the dataset's original IDX files") from e
     if len(x) != len(y):
-        raise ConfigError("dataset.path", f"{images.name} holds {len(x)} images but {labels.name} {len(y)} labels",
+        raise ConfigError("dataset.path", f"{images.name} and {labels.name} hold different numbers of examples",
                           "use matching image and label files")
     return x.unsqueeze(1), y.long(), 10
 
