@@ -160,3 +160,56 @@ def test_near_copy_of_a_budgeted_dataset_is_the_same_budget(tmp_path: Path) -> N
     assert led.same_dataset("e" * 64, near) == (FP, pytest.approx(950 / 951))
     far = digests[:500] + [hashlib.sha256(str(-i).encode()).digest() for i in range(1, 600)]
     assert led.same_dataset("d" * 64, far) is None  # 500/1000 shared: another dataset
+
+
+def _open_new_ledgers(paths: list[str], barrier: object, out: mp.Queue) -> None:
+    results = []
+    for path in paths:
+        barrier.wait()  # type: ignore[attr-defined]  # every process opens the same new file at once
+        try:
+            Ledger(path)
+            results.append("ok")
+        except Exception as e:  # noqa: BLE001 — the test reports what each process saw
+            results.append(f"{type(e).__name__}: {e}")
+    out.put(results)
+
+
+def test_new_ledger_opened_by_concurrent_processes_sets_up_once(tmp_path: Path) -> None:
+    """Issue 22 item 21: four real processes creating the same new ledger at the same instant all succeed (no
+    `duplicate column name`, no `database is locked`, no half-written key), round after round."""
+    ctx = mp.get_context("spawn")
+    paths = [str(tmp_path / f"l{r}.sqlite") for r in range(6)]
+    barrier = ctx.Barrier(4)
+    q: mp.Queue = ctx.Queue()
+    procs = [ctx.Process(target=_open_new_ledgers, args=(paths, barrier, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    failures = [r for rs in results for r in rs if r != "ok"]
+    assert failures == []
+    for path in paths:
+        led = Ledger(path)
+        assert len(bytes.fromhex(led.key_path.read_text())) == 32
+        assert list(led.path.parent.glob(led.key_path.name + ".*")) == []  # no temporary key left behind
+
+
+def test_missing_key_of_a_ledger_with_charges_is_refused(tmp_path: Path) -> None:
+    """Issue 22 item 23: a ledger whose charges were authenticated by a key that is now missing is refused
+    (a fresh key would silently orphan every certificate); a ledger without charges gets a key."""
+    from dptune.errors import ConfigError
+
+    led = Ledger(tmp_path / "l.sqlite")
+    led.set_budget(FP, 50.0, DELTA)
+    led.key_path.unlink()
+    Ledger(led.path)  # budgets but no charge yet: nothing was authenticated, a new key is fine
+    led.reserve(FP, "x", search_event())
+    led.key_path.unlink()
+    with pytest.raises(ConfigError, match="key") as e:
+        Ledger(led.path)
+    assert e.value.field == "--ledger" and "restore" in str(e.value)
+    assert not led.key_path.exists()
+    r = subprocess.run([sys.executable, "-m", "dptune.ledger", "show", "--ledger", str(led.path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "key" in r.stderr and not led.key_path.exists()

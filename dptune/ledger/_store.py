@@ -27,7 +27,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +90,8 @@ class Charge:
 def _private_file(path: Path, create: bool) -> None:
     """Owner-only (0600) from the first byte; an existing file is tightened to 0600."""
     if create and not path.exists():
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        with suppress(FileExistsError):  # another process created it first
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     if path.exists() and stat.S_IMODE(path.stat().st_mode) != 0o600:
         os.chmod(path, 0o600)
 
@@ -103,17 +104,36 @@ class Ledger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
         self.key_path = self.path.with_name(self.path.name + ".key")
-        if not self.key_path.exists():
-            fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # schema, upgrades and the key under one exclusive lock: two processes opening a new ledger at once
+        # would otherwise both add the same column (or both write a key)
+        with self._write(exclusive=True) as con:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    con.execute(statement)
+            self._upgrade(con)
+            if not self.key_path.exists():
+                self._new_key(con)
+        _private_file(self.key_path, create=False)
+
+    def _new_key(self, con: sqlite3.Connection) -> None:
+        """A fresh 256-bit curator key, only for a ledger that has authenticated nothing yet: a new key for a
+        ledger with charges would orphan every certificate it bound (and hide that the key was removed)."""
+        (n,) = con.execute("SELECT COUNT(*) FROM charges").fetchone()
+        if n:
+            raise ConfigError("--ledger", f"the curator key {str(self.key_path)!r} is missing, but the ledger holds "
+                              f"{n} charges whose certificates it authenticates",
+                              f"restore {self.key_path.name} from your backup beside the ledger (a new key would "
+                              "invalidate every certificate); nothing was changed")
+        tmp = self.key_path.with_name(f"{self.key_path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32))  # 256-bit curator key for certificate MACs
-        _private_file(self.key_path, create=False)
-        con = self._connect()
-        try:
-            con.executescript(_SCHEMA)
-            self._upgrade(con)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, self.key_path)  # appears complete or not at all
         finally:
-            con.close()
+            tmp.unlink(missing_ok=True)
 
     @staticmethod
     def _upgrade(con: sqlite3.Connection) -> None:
@@ -130,15 +150,24 @@ class Ledger:
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        con.execute("PRAGMA journal_mode=WAL")
+        deadline = time.monotonic() + 60
+        while True:  # switching a new file to WAL answers "locked" at once (no busy wait) while another holds it
+            try:
+                con.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    con.close()
+                    raise
+                time.sleep(0.01 + 0.04 * secrets.randbelow(100) / 100)
         con.execute("PRAGMA synchronous=FULL")  # durable at COMMIT: a reservation survives a crash
         return con
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, exclusive: bool = False) -> Iterator[sqlite3.Connection]:
         con = self._connect()
         try:
-            con.execute("BEGIN IMMEDIATE")
+            con.execute("BEGIN EXCLUSIVE" if exclusive else "BEGIN IMMEDIATE")
             try:
                 yield con
             except BaseException:
