@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import multiprocessing as mp
 import os
@@ -118,18 +119,90 @@ def test_concurrent_writers_lose_nothing_and_never_overspend(tmp_path: Path) -> 
 
 def test_ledger_cli(tmp_path: Path) -> None:
     path = tmp_path / "l.sqlite"
+    Ledger(path).set_budget(FP, 4.0, 1e-5, label="digits")
+    dataset_id = Ledger(path).dataset_id(FP)
     env = {**os.environ}
     run = [sys.executable, "-m", "dptune.ledger"]
-    r = subprocess.run(run + ["set-budget", "--ledger", str(path), "--fingerprint", FP, "--epsilon", "8",
+    r = subprocess.run(run + ["set-budget", "--ledger", str(path), "--dataset-id", dataset_id, "--epsilon", "8",
                               "--delta", "1e-5"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     r = subprocess.run(run + ["show", "--ledger", str(path), "--json"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and '"budget_epsilon": 8.0' in r.stdout
-    r = subprocess.run(run + ["set-budget", "--ledger", str(path), "--fingerprint", FP, "--epsilon", "-1",
+    r = subprocess.run(run + ["set-budget", "--ledger", str(path), "--dataset-id", dataset_id, "--epsilon", "-1",
                               "--delta", "1e-5"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "--epsilon" in r.stderr
     r = subprocess.run(run + ["show", "--ledger", str(tmp_path / "missing.sqlite")], capture_output=True, text=True)
     assert r.returncode == 2 and "--ledger" in r.stderr
+
+
+def test_set_budget_of_an_id_that_names_no_budget_is_refused(tmp_path: Path) -> None:
+    """Issue 22 item 23: `set-budget` with the id `ledger show` prints changes that budget; an id that names
+    no budget is refused (exit 2) instead of opening a phantom budget beside the real one."""
+    path = tmp_path / "l.sqlite"
+    led = Ledger(path)
+    led.set_budget(FP, 4.0, 1e-5, label="digits")
+    dataset_id = led.dataset_id(FP)
+    run = [sys.executable, "-m", "dptune.ledger", "set-budget", "--ledger", str(path)]
+    r = subprocess.run(run + ["--fingerprint", dataset_id, "--epsilon", "6", "--delta", "1e-5"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert led.budget(FP) == (6.0, 1e-5) and len(led.fingerprints()) == 1
+    for unknown in (dataset_id[:12], "0" * 32, "digits"):
+        r = subprocess.run(run + ["--dataset-id", unknown, "--epsilon", "9", "--delta", "1e-5"],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and "--dataset-id" in r.stderr and "new-budget" in r.stderr, r.stderr
+    assert led.budget(FP) == (6.0, 1e-5) and len(led.fingerprints()) == 1  # nothing opened, nothing changed
+
+
+def test_budget_delta_at_or_above_one_over_n_is_refused(tmp_path: Path) -> None:
+    """Issue 22 item 4: a budget's δ obeys the per-search rule δ < 1/n (and 0 < δ < 1): `--budget-delta 0.5`
+    is refused, and a budget stored with such a δ refuses every charge; under a proper δ three searches that
+    compose (RDP) above the budget are refused at the first one that would exceed it."""
+    from dptune.errors import ConfigError
+
+    led = Ledger(tmp_path / "l.sqlite")
+    for bad in (0.5, 1e-3, 1.0, 0.0, -1e-5):
+        with pytest.raises(ConfigError, match="--delta"):
+            led.set_budget(FP, 3.0, bad, n=1797)
+    assert led.fingerprints() == []
+    led.set_budget(FP, 3.0, 0.5)  # an old ledger's budget, n unknown when it was set
+    with pytest.raises(BudgetExceeded, match="1/n") as e:
+        led.reserve(FP, "s1", search_event(), n=1000)
+    assert e.value.field == "budget.delta" and led.charges() == []
+    led.set_budget(FP, 3.0, 1e-5, n=1797)
+    one = A.epsilon([search_event(5.0)], 1e-5)
+    assert 2 * one > 3.0  # adding ε would refuse the second search; RDP composition fits two, not three
+    led.reserve(FP, "s1", search_event(5.0), n=1000)
+    led.reserve(FP, "s2", search_event(5.0), n=1000)
+    with pytest.raises(BudgetExceeded, match="over its budget"):
+        led.reserve(FP, "s3", search_event(5.0), n=1000)
+    assert [c.name for c in led.charges()] == ["s1", "s2"]
+    assert led.spent(FP) == pytest.approx(A.epsilon([search_event(5.0)] * 2, 1e-5), rel=1e-9)
+    assert led.spent(FP) < 3.0 < A.epsilon([search_event(5.0)] * 3, 1e-5)
+
+
+def test_ledger_show_and_errors_never_print_the_fingerprint(tmp_path: Path) -> None:
+    """Issue 22 item 6: the data's fingerprint stays inside the ledger: `show` (text and --json) and the
+    over-budget error name the random dataset id and a label, never the fingerprint or any piece of it."""
+    fp = hashlib.sha256(b"the data").hexdigest()
+    path = tmp_path / "l.sqlite"
+    led = Ledger(path)
+    led.set_budget(fp, 5.0, DELTA, label="digits")
+    led.reserve(fp, "s1", search_event(2.0))
+    pieces = {fp[i:i + 8] for i in range(0, 64, 4)}
+    outputs = []
+    for extra in ([], ["--json"]):
+        r = subprocess.run([sys.executable, "-m", "dptune.ledger", "show", "--ledger", str(path), *extra],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert led.dataset_id(fp) in r.stdout and "digits" in r.stdout
+        outputs.append(r.stdout)
+    with pytest.raises(BudgetExceeded) as e:
+        led.reserve(fp, "s2", search_event(0.6))
+    assert led.dataset_id(fp) in str(e.value)
+    outputs.append(str(e.value))
+    for text in outputs:
+        assert not any(p in text for p in pieces), text
 
 
 def test_ledger_files_are_owner_only_and_ids_are_random(tmp_path: Path) -> None:

@@ -138,8 +138,11 @@ def _budget_key(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[
     if req.budget_epsilon is None:
         raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {req.ledger}",
                           "pass --budget-epsilon E (and --budget-delta) once, or use python -m dptune.ledger set-budget")
-    ledger.set_budget(p.fingerprint, req.budget_epsilon, req.budget_delta or req.space.privacy.delta,
-                      label=req.space.dataset.name, digests=digests)
+    try:
+        ledger.set_budget(p.fingerprint, req.budget_epsilon, req.budget_delta or req.space.privacy.delta,
+                          label=req.space.dataset.name, digests=digests)
+    except ConfigError as e:  # the ledger's checks, under the flags that set the values
+        raise e.renamed({"--epsilon": "--budget-epsilon", "--delta": "--budget-delta"}.get(e.field, e.field)) from e
     return p.fingerprint
 
 
@@ -148,7 +151,7 @@ def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
     if run.root.exists():
         raise ConfigError("--name", f"{run.root} already exists", "choose a new --name, or --resume that search")
     budget_fp = _budget_key(req, ledger, p, say)
-    charge_id = ledger.reserve(budget_fp, run.root.name, p.plan.search_event)  # rule 4: durable first
+    charge_id = ledger.reserve(budget_fp, run.root.name, p.plan.search_event, n=p.n_train)  # rule 4: durable first
     run.create()
     charge = ledger.charge(charge_id)
     run.write_state(charge_id=charge_id, fingerprint=p.fingerprint, budget_fingerprint=budget_fp,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dptune._cli import run_cli
-from dptune.errors import ConfigError
+from dptune.errors import ConfigError, check_delta, check_positive
 from dptune.ledger import Ledger
 
 
@@ -21,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
     sb = sub.add_parser("set-budget", help="set a dataset's (ε, δ) budget")
     sb.add_argument("--ledger", required=True)
-    sb.add_argument("--fingerprint", required=True)
+    sb.add_argument("--dataset-id", "--fingerprint", dest="dataset_id", required=True,
+                    help="the budget's id, as `show` prints it (only an existing budget can be changed)")
     sb.add_argument("--epsilon", type=float, required=True)
     sb.add_argument("--delta", type=float, required=True)
     sb.add_argument("--label", default="")
@@ -29,10 +30,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show(ledger: Ledger) -> list[dict[str, Any]]:
+    """Every budget and its charges, by public random id and label: the key (a hash of the data) stays inside."""
     out: list[dict[str, Any]] = []
     for fp in ledger.fingerprints():
         b = ledger.budget(fp)
-        out.append({"fingerprint": fp, "dataset_id": ledger.dataset_id(fp) if b else None,
+        out.append({"dataset_id": ledger.dataset_id(fp) if b else None, "label": ledger.label(fp) if b else None,
                     "budget_epsilon": b[0] if b else None, "budget_delta": b[1] if b else None,
                     "spent_epsilon": ledger.spent(fp),
                     "charges": [{"id": c.id, "token": c.token, "name": c.name, "epsilon": c.epsilon,
@@ -45,15 +47,19 @@ def _main(args: argparse.Namespace) -> int:
         raise ConfigError("--ledger", f"{args.ledger!r} does not exist", "give the ledger file a search wrote")
     ledger = Ledger(args.ledger)
     if args.command == "set-budget":
-        ledger.set_budget(args.fingerprint, args.epsilon, args.delta, args.label)
-        print(f"budget for {args.fingerprint[:12]}: ε = {args.epsilon:g}, δ = {args.delta:g}")
+        check_positive("--epsilon", args.epsilon, "choose a total budget, e.g. 8")
+        check_delta("--delta", args.delta)
+        key = ledger.budget_key(args.dataset_id)  # refuses an id that names no budget (no phantom budget)
+        ledger.set_budget(key, args.epsilon, args.delta, args.label)
+        print(f"budget of {ledger.label(key)}: ε = {args.epsilon:g}, δ = {args.delta:g}")
         return 0
     out = _show(ledger)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     for d in out:
-        print(f"dataset {d['fingerprint'][:12]}: budget ε = {d['budget_epsilon']}, δ = {d['budget_delta']}; "
+        name = d["label"] or "charges without a budget"
+        print(f"{name}: budget ε = {d['budget_epsilon']}, δ = {d['budget_delta']}; "
               f"spent ε = {d['spent_epsilon']:.4g} (RDP composition)")
         for c in d["charges"]:
             print(f"  #{c['id']:<4} {c['status']:<9} ε = {c['epsilon']:.4g}  {c['name']}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets
 import sqlite3
@@ -61,7 +62,7 @@ CREATE TABLE IF NOT EXISTS charges (
 );
 """
 # columns added after the first release of the schema (older ledgers are upgraded in place)
-_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB")),
+_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER")),
           "charges": (("token", "TEXT"), ("event_sha256", "TEXT"))}
 
 
@@ -196,19 +197,43 @@ class Ledger:
     # --- budgets -------------------------------------------------------------------------------------
 
     def set_budget(self, fingerprint: str, epsilon: float, delta: float, label: str = "",
-                   digests: Sequence[bytes] | None = None) -> None:
-        _check_budget(epsilon, delta)
+                   digests: Sequence[bytes] | None = None, n: int | None = None) -> None:
+        """Open (or change) the budget keyed ``fingerprint`` (curator-side key, never printed). ``n``: the
+        number of records it protects (δ must stay below 1/n); defaults to the number of ``digests``."""
+        n = n if n is not None else (len(digests) if digests is not None else None)
         blob = b"".join(sorted(digests)) if digests is not None else None
         with self._write() as con:
+            row = con.execute("SELECT records FROM budgets WHERE fingerprint=?", (fingerprint,)).fetchone()
+            _check_budget(epsilon, delta, n if n is not None else (row[0] if row else None))
             eps_spent = composed_epsilon(self._spent(con, fingerprint), delta)
             if eps_spent > epsilon:
                 raise BudgetExceeded("--epsilon", f"{eps_spent:.4g} has already been spent on this dataset",
                                      f"choose a budget >= {eps_spent:.4g}")
-            con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
-                        "epsilon=excluded.epsilon, delta=excluded.delta, label=excluded.label, "
-                        "digests=COALESCE(excluded.digests, budgets.digests)",
-                        (fingerprint, float(epsilon), float(delta), label, time.time(), secrets.token_hex(16), blob))
+            con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests, records) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
+                        "epsilon=excluded.epsilon, delta=excluded.delta, label=COALESCE(excluded.label, budgets.label), "
+                        "digests=COALESCE(excluded.digests, budgets.digests), "
+                        "records=COALESCE(excluded.records, budgets.records)",
+                        (fingerprint, float(epsilon), float(delta), label or None, time.time(), secrets.token_hex(16),
+                         blob, n))
+
+    def budget_key(self, dataset_id: str) -> str:
+        """The curator-side key of the budget whose public ``dataset_id`` (what ``ledger show`` prints) is
+        given; ConfigError if no budget has that id (a typo must not open a phantom budget)."""
+        rows = self._read("SELECT fingerprint FROM budgets WHERE dataset_id=? OR fingerprint=?",
+                          (str(dataset_id), str(dataset_id)))
+        if not rows:
+            raise ConfigError("--dataset-id", f"no budget in {self.path} has the id {str(dataset_id)[:40]!r}",
+                              f"give a dataset id that `python -m dptune.ledger show --ledger {self.path}` lists "
+                              "(a new dataset's budget is opened with `python -m dptune.ledger new-budget`)")
+        return str(rows[0][0])
+
+    def label(self, fingerprint: str) -> str:
+        """What a budget is called on the terminal: its label and public random id, never its key."""
+        rows = self._read("SELECT label, dataset_id FROM budgets WHERE fingerprint=?", (fingerprint,))
+        if not rows:
+            return "a dataset without a budget"
+        return f"{rows[0][0] or 'dataset'} (id {rows[0][1]})"
 
     def budget(self, fingerprint: str) -> tuple[float, float] | None:
         rows = self._read("SELECT epsilon, delta FROM budgets WHERE fingerprint=?", (fingerprint,))
@@ -218,8 +243,8 @@ class Ledger:
         """The dataset's public id: random, not a function of the data."""
         rows = self._read("SELECT dataset_id FROM budgets WHERE fingerprint=?", (fingerprint,))
         if not rows:
-            raise ConfigError("budget", f"no privacy budget is set for dataset {fingerprint[:12]}",
-                              "set one with --budget-epsilon or python -m dptune.ledger set-budget")
+            raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
+                              "open one with --budget-epsilon or python -m dptune.ledger new-budget")
         return str(rows[0][0])
 
     def fingerprint_of(self, dataset_id: str) -> str | None:
@@ -250,24 +275,34 @@ class Ledger:
                            (fingerprint,)).fetchall()
         return [event_from_json(json.loads(text)) for (text,) in rows]
 
-    def reserve(self, fingerprint: str, name: str, event: de.DpEvent) -> int:
-        """Store the charge durably (committed) and return its id; refuse if over budget (stores nothing)."""
+    def reserve(self, fingerprint: str, name: str, event: de.DpEvent, n: int | None = None) -> int:
+        """Store the charge durably (committed) and return its id; refuse if over budget (stores nothing).
+        ``n``: the number of examples the charged run protects (the budget's δ must be below 1/n)."""
         text = json.dumps(event_to_json(event))  # refuses an event dptune cannot store, before the lock
         with self._write() as con:
-            row = con.execute("SELECT epsilon, delta FROM budgets WHERE fingerprint=?", (fingerprint,)).fetchone()
+            row = con.execute("SELECT epsilon, delta, label, dataset_id, records FROM budgets WHERE fingerprint=?",
+                              (fingerprint,)).fetchone()
             if row is None:
-                raise ConfigError("budget", f"no privacy budget is set for dataset {fingerprint[:12]}",
-                                  f"set one: python -m dptune.ledger set-budget --ledger {self.path} "
-                                  f"--fingerprint {fingerprint} --epsilon E --delta D (or pass --budget-epsilon)")
+                raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
+                                  f"open one: python -m dptune.ledger new-budget --ledger {self.path} --space SPACE "
+                                  "--epsilon E --delta D (or pass --budget-epsilon)")
             budget_eps, budget_delta = float(row[0]), float(row[1])
+            name_of = f"{row[2] or 'dataset'} (id {row[3]})"
+            smallest_n = min(x for x in (n, row[4], math.inf) if x is not None)
+            if math.isfinite(smallest_n) and budget_delta >= 1.0 / smallest_n:
+                raise BudgetExceeded(
+                    "budget.delta", f"the budget of {name_of} has δ = {budget_delta:g}, not below 1/n = "
+                    f"{1.0 / smallest_n:.3g}: a mechanism that publishes a random example in the clear meets it",
+                    f"lower it: python -m dptune.ledger set-budget --ledger {self.path} --dataset-id {row[3]} "
+                    f"--epsilon {budget_eps:g} --delta {10 ** math.floor(math.log10(0.1 / smallest_n)):g}")
             spent = self._spent(con, fingerprint)
             total_eps = composed_epsilon([*spent, event], budget_delta)
             if total_eps > budget_eps:
                 spent_eps = composed_epsilon(spent, budget_delta)
                 raise BudgetExceeded(
                     "budget",
-                    f"this charge would bring dataset {fingerprint[:12]} to ε = {total_eps:.4g} (δ = {budget_delta:g}), "
-                    f"over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
+                    f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
+                    f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
                     "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
                     "noise) or raise the budget with `python -m dptune.ledger set-budget`",
                 )
@@ -335,6 +370,8 @@ class Ledger:
         return sorted(r[0] for r in rows)
 
 
-def _check_budget(epsilon: float, delta: float) -> None:
+def _check_budget(epsilon: float, delta: float, n: int | None) -> None:
+    """A budget's ε > 0 and δ in (0, 1), below 1/n when its number of records n is known (the per-search rule:
+    δ ≥ 1/n admits publishing one random example in the clear)."""
     check_positive("--epsilon", epsilon, "choose a total budget, e.g. 8")
-    check_delta("--delta", delta)
+    check_delta("--delta", delta, n)
