@@ -286,3 +286,54 @@ def test_missing_key_of_a_ledger_with_charges_is_refused(tmp_path: Path) -> None
     r = subprocess.run([sys.executable, "-m", "dptune.ledger", "show", "--ledger", str(led.path)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "key" in r.stderr and not led.key_path.exists()
+
+
+def test_default_ledger_is_one_absolute_per_user_file_printed_on_every_charge(tmp_path: Path) -> None:
+    """Issue 22 item 3: without --ledger, searches started from two working directories charge one per-user
+    ledger (under ~/.local/share/dptune, or an absolute $XDG_DATA_HOME), which the second finds with its
+    budget; the path is printed on every charge; a relative --ledger is resolved; the API has that default."""
+    import inspect
+
+    from dptune import api
+    from dptune.ledger import default_ledger_path
+    from tests.conftest import ROOT, digits_seed_with_k, isolated_env_for
+
+    env = isolated_env_for(tmp_path)
+    env.pop("XDG_DATA_HOME", None)
+    env["DPTUNE_TEST_DRAW_SEED"] = str(digits_seed_with_k(0, 0))  # K = 0: the whole CLI path, no Ray
+    env["PYTHONPATH"] = str(ROOT)
+    home_ledger = tmp_path / "home" / ".local" / "share" / "dptune" / "ledger.sqlite"
+    space = str(ROOT / "search_spaces" / "digits.yaml")
+    outs = []
+    for i, cwd in enumerate((tmp_path / "a", tmp_path / "b" / "c")):
+        cwd.mkdir(parents=True)
+        budget = ["--budget-epsilon", "20"] if i == 0 else []  # the second search must find the first's budget
+        r = subprocess.run([sys.executable, "-m", "dptune.search", "--space", space, "--name", f"s{i}", *budget],
+                           capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        outs.append(r.stdout)
+    assert all(f"ledger: {home_ledger}" in o for o in outs)
+    led = Ledger(home_ledger)
+    assert len(led.charges()) == 2 and len({c.fingerprint for c in led.charges()}) == 1
+    assert not list(tmp_path.glob("*/ledger.sqlite")) and not list(tmp_path.glob("*/runs/ledger.sqlite"))
+    xdg = tmp_path / "xdg"
+    r = subprocess.run([sys.executable, "-m", "dptune.search", "--space", space, "--name", "s2", "--ledger",
+                        "rel/l.sqlite", "--budget-epsilon", "20"], capture_output=True, text=True,
+                       env={**env, "XDG_DATA_HOME": str(xdg)}, cwd=tmp_path / "a", timeout=300)
+    assert r.returncode == 0 and f"ledger: {tmp_path / 'a' / 'rel' / 'l.sqlite'}" in r.stdout, r.stdout + r.stderr
+    old_home, old_xdg = os.environ.get("HOME"), os.environ.get("XDG_DATA_HOME")
+    try:
+        os.environ["HOME"] = str(tmp_path / "home")
+        os.environ.pop("XDG_DATA_HOME", None)
+        assert default_ledger_path() == home_ledger
+        os.environ["XDG_DATA_HOME"] = str(xdg)
+        assert default_ledger_path() == xdg / "dptune" / "ledger.sqlite"
+        os.environ["XDG_DATA_HOME"] = "relative/dir"  # not absolute: ignored, as the XDG spec says
+        assert default_ledger_path() == home_ledger
+    finally:
+        for k, v in (("HOME", old_home), ("XDG_DATA_HOME", old_xdg)):
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert inspect.signature(api.search).parameters["ledger"].default is None  # None = default_ledger_path()

@@ -273,6 +273,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     charge, draw = (_resume if req.resume else _reserve)(req, run, ledger, p, say)
     say(f"dptune search {run.root.name!r}: space {req.space.name} ({req.space.searcher} search, "
         f"{p.plan.stopping.label()})")
+    say(f"  ledger: {ledger.path}")
     say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
         f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
     try:

@@ -10,17 +10,17 @@ from typing import Any
 
 from dptune._cli import run_cli
 from dptune.errors import ConfigError, check_delta, check_positive
-from dptune.ledger import Ledger
+from dptune.ledger import Ledger, default_ledger_path
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dptune.ledger", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="budgets and charges")
-    show.add_argument("--ledger", required=True)
+    show.add_argument("--ledger", help="default: the per-user ledger searches use")
     show.add_argument("--json", action="store_true")
     sb = sub.add_parser("set-budget", help="set a dataset's (ε, δ) budget")
-    sb.add_argument("--ledger", required=True)
+    sb.add_argument("--ledger", help="default: the per-user ledger searches use")
     sb.add_argument("--dataset-id", "--fingerprint", dest="dataset_id", required=True,
                     help="the budget's id, as `show` prints it (only an existing budget can be changed)")
     sb.add_argument("--epsilon", type=float, required=True)
@@ -43,9 +43,11 @@ def _show(ledger: Ledger) -> list[dict[str, Any]]:
 
 
 def _main(args: argparse.Namespace) -> int:
-    if args.command == "show" and not Path(args.ledger).is_file():
-        raise ConfigError("--ledger", f"{args.ledger!r} does not exist", "give the ledger file a search wrote")
-    ledger = Ledger(args.ledger)
+    path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
+    if not path.is_file():  # Ledger() would create it: a typo must be an error, not an empty ledger
+        raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
+    ledger = Ledger(path)
+    print(f"ledger: {ledger.path}", file=sys.stderr)
     if args.command == "set-budget":
         check_positive("--epsilon", args.epsilon, "choose a total budget, e.g. 8")
         check_delta("--delta", args.delta)

@@ -38,7 +38,7 @@ from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budg
 from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive
 
-__all__ = ["BudgetExceeded", "Charge", "Ledger", "event_sha256"]
+__all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_sha256"]
 
 SAME_DATASET_SHARE = 0.9  # a dataset sharing >= 90 % of its examples with a budgeted one is that dataset
 
@@ -64,6 +64,16 @@ CREATE TABLE IF NOT EXISTS charges (
 # columns added after the first release of the schema (older ledgers are upgraded in place)
 _ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER")),
           "charges": (("token", "TEXT"), ("event_sha256", "TEXT"))}
+
+
+def default_ledger_path() -> Path:
+    """The one per-user ledger every CLI and the API use unless told otherwise, absolute whatever the working
+    directory: ``$XDG_DATA_HOME/dptune/ledger.sqlite`` (an absolute XDG_DATA_HOME only, as the XDG spec says),
+    else ``~/.local/share/dptune/ledger.sqlite``. A ledger relative to the working directory let a search
+    started elsewhere open a fresh budget for data already charged."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "dptune" / "ledger.sqlite"
 
 
 class BudgetExceeded(ConfigError):
@@ -98,10 +108,11 @@ def _private_file(path: Path, create: bool) -> None:
 
 
 class Ledger:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path | None = None) -> None:
+        # absolute from here on: what state.json records, what every charge prints, what a resume compares
+        self.path = Path(path if path is not None else default_ledger_path()).expanduser().resolve()
         if self.path.exists() and self.path.is_dir():
-            raise ConfigError("--ledger", f"{str(self.path)!r} is a directory", "give a file path, e.g. runs/ledger.sqlite")
+            raise ConfigError("--ledger", f"{str(self.path)!r} is a directory", "give a file path, e.g. ~/.local/share/dptune/ledger.sqlite")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
         self.key_path = self.path.with_name(self.path.name + ".key")
