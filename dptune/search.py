@@ -49,8 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-path", help="Tune checkpoints on storage every node reaches: a shared (NFS) path or a "
                    "URI such as s3://bucket/dir (curator-only!); default: the run's sealed/ray (one machine)")
     p.add_argument("--resume", action="store_true", help="resume the sealed draw of --name (no new charge)")
-    p.add_argument("--new-dataset", action="store_true",
-                   help="this dataset is NOT a near-copy of a budgeted one: give it a budget of its own")
     p.add_argument("--show-trials", action="store_true",
                    help="CURATOR ONLY: print every trial's result (private data) to the terminal")
     p.add_argument("--seed", type=int, help="NOT PRIVATE: fixed randomness for reproducibility/tests")
@@ -152,7 +150,7 @@ def _request(args: argparse.Namespace) -> SearchRequest:
                      storage_path=_storage(args.storage_path))
     return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=_ledger_path(args.ledger),
                          budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
-                         new_dataset=args.new_dataset, resume=args.resume, seed=args.seed,
+                         resume=args.resume, seed=args.seed,
                          show_trials=args.show_trials, ray=ray)
 
 

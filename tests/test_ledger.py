@@ -221,18 +221,28 @@ def test_ledger_files_are_owner_only_and_ids_are_random(tmp_path: Path) -> None:
     assert ids[0] != ids[1] and FP not in ids and all(len(i) == 32 for i in ids)
 
 
-def test_near_copy_of_a_budgeted_dataset_is_the_same_budget(tmp_path: Path) -> None:
-    """Issue item 11: dropping a few examples changes the fingerprint but not the budget."""
-    import hashlib
+def test_content_near_copy_is_advisory_and_legacy_budgets_match_as_before(tmp_path: Path) -> None:
+    """Issue item 11 of the last round, under record ids: a budget opened before ids (content digests only)
+    still takes data sharing >= 90 % of its examples; a budget with ids takes data by ids, and content
+    sharing >= 90 % without a shared id is only a near match (advisory)."""
+    from dptune.ledger._budgets import match, record_id_digests
 
     digests = sorted(hashlib.sha256(str(i).encode()).digest() for i in range(1000))
-    led = Ledger(tmp_path / "l.sqlite")
-    led.set_budget(FP, 5.0, DELTA, digests=digests)
-    assert led.same_dataset(FP, digests) == (FP, 1.0)
     near = digests[:950] + [hashlib.sha256(b"new").digest()]  # 95 % shared
-    assert led.same_dataset("e" * 64, near) == (FP, pytest.approx(950 / 951))
     far = digests[:500] + [hashlib.sha256(str(-i).encode()).digest() for i in range(1, 600)]
-    assert led.same_dataset("d" * 64, far) is None  # 500/1000 shared: another dataset
+    led = Ledger(tmp_path / "l.sqlite")
+    led.set_budget(FP, 5.0, DELTA, digests=digests)  # legacy: no ids
+    assert match(led, FP, [], digests).overlapped == [FP]
+    assert match(led, "e" * 64, [], near).overlapped == [FP]
+    assert match(led, "d" * 64, [], far).overlapped == []  # 500/1000 shared: another dataset
+    led2 = Ledger(tmp_path / "l2.sqlite")
+    ids = record_id_digests(led2, [f"r/{i}" for i in range(1000)])
+    led2.set_budget(FP, 5.0, DELTA, digests=digests, ids=ids)
+    other_ids = record_id_digests(led2, [f"s/{i}" for i in range(1000)])
+    m = match(led2, "e" * 64, other_ids, near)
+    assert (m.overlapped, m.near) == ([], [FP])
+    m = match(led2, "e" * 64, ids[:10], far)  # ten shared records: charged, and covered
+    assert (m.overlapped, m.covered, m.near) == ([FP], True, [])
 
 
 def _open_new_ledgers(paths: list[str], barrier: object, out: mp.Queue) -> None:

@@ -1,4 +1,9 @@
-"""``python -m dptune.ledger {show,set-budget}``: budgets and charges of a ledger file (curator only)."""
+"""``python -m dptune.ledger {show,set-budget,new-budget}``: budgets and charges of a ledger (curator only).
+
+``new-budget --space S`` is the one explicit way to open a budget for data that resembles or partly overlaps
+a budgeted dataset: it reads the space's dataset, lists every existing budget and those the data overlaps (by
+record ids) or resembles (by content), then opens the budget. ``set-budget --dataset-id`` changes an existing
+budget only."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from typing import Any
 
 from dptune._cli import run_cli
 from dptune.errors import ConfigError, check_delta, check_positive
-from dptune.ledger import Ledger, default_ledger_path
+from dptune.ledger import Ledger, budget_key, budget_match, default_ledger_path, open_budget
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--epsilon", type=float, required=True)
     sb.add_argument("--delta", type=float, required=True)
     sb.add_argument("--label", default="")
+    nb = sub.add_parser("new-budget", help="open the budget of a space's dataset (lists existing budgets first)")
+    nb.add_argument("--ledger", help="default: the per-user ledger searches use")
+    nb.add_argument("--space", required=True, help="the search space whose dataset gets the budget")
+    nb.add_argument("--epsilon", type=float, required=True)
+    nb.add_argument("--delta", type=float, required=True)
+    nb.add_argument("--label", default="", help="a name for the budget (default: the dataset's name)")
     return parser
 
 
@@ -42,8 +53,42 @@ def _show(ledger: Ledger) -> list[dict[str, Any]]:
     return out
 
 
+def _new_budget(args: argparse.Namespace, path: Path) -> int:
+    from dptune.config import load_space
+    from dptune.data import load_dataset
+
+    check_positive("--epsilon", args.epsilon, "choose a total budget, e.g. 8")
+    check_delta("--delta", args.delta)
+    dataset = load_space(args.space).dataset
+    data = load_dataset(dataset)
+    ledger = Ledger(path)
+    print(f"ledger: {ledger.path}")
+    key = budget_key(ledger, data)
+    if ledger.budget(key) is not None:
+        raise ConfigError("--space", f"these very records already have a budget: {ledger.label(key)}",
+                          f"change it with python -m dptune.ledger set-budget --dataset-id {ledger.dataset_id(key)}")
+    found = budget_match(ledger, data, data.pool_fingerprint())
+    budgets = [d for d in _show(ledger) if d["dataset_id"]]
+    print(f"existing budgets ({len(budgets)}):" if budgets else "no budgets yet")
+    for d in budgets:
+        print(f"  {d['label']}: ε = {d['budget_epsilon']:g}, δ = {d['budget_delta']:g}, spent ε = "
+              f"{d['spent_epsilon']:.4g}")
+    for key in found.overlapped:
+        print(f"  this data shares records with {ledger.label(key)}: its searches are charged to that budget too")
+    for key in found.near:
+        print(f"  this data's content nearly matches {ledger.label(key)} (no shared record id): if it is a copy, "
+              "declare the same record ids instead of opening a budget")
+    if data.record_ids is None:
+        print("  WARNING: no dataset.id_column: the ledger knows this table's records only by their content")
+    open_budget(ledger, data, args.epsilon, args.delta, label=args.label or dataset.name)
+    print(f"opened the budget of {ledger.label(key)}: ε = {args.epsilon:g}, δ = {args.delta:g}")
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
     path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
+    if args.command == "new-budget":
+        return _new_budget(args, path)
     if not path.is_file():  # Ledger() would create it: a typo must be an error, not an empty ledger
         raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
     ledger = Ledger(path)

@@ -40,7 +40,6 @@ from dptune.errors import ConfigError, check_delta, check_positive
 
 __all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_sha256"]
 
-SAME_DATASET_SHARE = 0.9  # a dataset sharing >= 90 % of its examples with a budgeted one is that dataset
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
@@ -62,8 +61,8 @@ CREATE TABLE IF NOT EXISTS charges (
 );
 """
 # columns added after the first release of the schema (older ledgers are upgraded in place)
-_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER")),
-          "charges": (("token", "TEXT"), ("event_sha256", "TEXT"))}
+_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER"), ("ids", "BLOB")),
+          "charges": (("token", "TEXT"), ("event_sha256", "TEXT"), ("group_id", "INTEGER"))}
 
 
 def default_ledger_path() -> Path:
@@ -208,11 +207,13 @@ class Ledger:
     # --- budgets -------------------------------------------------------------------------------------
 
     def set_budget(self, fingerprint: str, epsilon: float, delta: float, label: str = "",
-                   digests: Sequence[bytes] | None = None, n: int | None = None) -> None:
+                   digests: Sequence[bytes] | None = None, n: int | None = None,
+                   ids: Sequence[bytes] | None = None) -> None:
         """Open (or change) the budget keyed ``fingerprint`` (curator-side key, never printed). ``n``: the
         number of records it protects (δ must stay below 1/n); defaults to the number of ``digests``."""
         n = n if n is not None else (len(digests) if digests is not None else None)
         blob = b"".join(sorted(digests)) if digests is not None else None
+        id_blob = b"".join(sorted(ids)) if ids is not None else None
         with self._write() as con:
             row = con.execute("SELECT records FROM budgets WHERE fingerprint=?", (fingerprint,)).fetchone()
             _check_budget(epsilon, delta, n if n is not None else (row[0] if row else None))
@@ -220,13 +221,13 @@ class Ledger:
             if eps_spent > epsilon:
                 raise BudgetExceeded("--epsilon", f"{eps_spent:.4g} has already been spent on this dataset",
                                      f"choose a budget >= {eps_spent:.4g}")
-            con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests, records) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
+            con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests, records, "
+                        "ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
                         "epsilon=excluded.epsilon, delta=excluded.delta, label=COALESCE(excluded.label, budgets.label), "
                         "digests=COALESCE(excluded.digests, budgets.digests), "
-                        "records=COALESCE(excluded.records, budgets.records)",
+                        "records=COALESCE(excluded.records, budgets.records), ids=COALESCE(excluded.ids, budgets.ids)",
                         (fingerprint, float(epsilon), float(delta), label or None, time.time(), secrets.token_hex(16),
-                         blob, n))
+                         blob, n, id_blob))
 
     def budget_key(self, dataset_id: str) -> str:
         """The curator-side key of the budget whose public ``dataset_id`` (what ``ledger show`` prints) is
@@ -262,21 +263,6 @@ class Ledger:
         rows = self._read("SELECT fingerprint FROM budgets WHERE dataset_id=?", (dataset_id,))
         return str(rows[0][0]) if rows else None
 
-    def same_dataset(self, fingerprint: str, digests: Sequence[bytes]) -> tuple[str, float] | None:
-        """A budgeted dataset that is (nearly) this one: the same fingerprint, or one sharing at least
-        ``SAME_DATASET_SHARE`` of either dataset's examples (a near-copy must not open a fresh budget).
-        Returns (its fingerprint, the shared share)."""
-        if self.budget(fingerprint) is not None:
-            return fingerprint, 1.0
-        mine = set(digests)
-        best: tuple[str, float] | None = None
-        for fp, blob in self._read("SELECT fingerprint, digests FROM budgets WHERE digests IS NOT NULL"):
-            theirs = {bytes(blob[i:i + 32]) for i in range(0, len(blob), 32)}
-            shared = len(mine & theirs) / max(1, min(len(mine), len(theirs)))
-            if shared >= SAME_DATASET_SHARE and (best is None or shared > best[1]):
-                best = (str(fp), shared)
-        return best
-
     # --- charges -------------------------------------------------------------------------------------
 
     @staticmethod
@@ -286,44 +272,60 @@ class Ledger:
                            (fingerprint,)).fetchall()
         return [event_from_json(json.loads(text)) for (text,) in rows]
 
-    def reserve(self, fingerprint: str, name: str, event: de.DpEvent, n: int | None = None) -> int:
+    def reserve(self, fingerprint: str | Sequence[str], name: str, event: de.DpEvent, n: int | None = None) -> int:
         """Store the charge durably (committed) and return its id; refuse if over budget (stores nothing).
-        ``n``: the number of examples the charged run protects (the budget's δ must be below 1/n)."""
+        ``fingerprint``: the budget's key, or the keys of every budget the data overlaps: each is charged the
+        event, all or none, in one transaction; the first's charge is returned (what a certificate binds),
+        and closing it closes the others. ``n``: the number of examples the charged run protects (each
+        budget's δ must be below 1/n)."""
+        keys = [fingerprint] if isinstance(fingerprint, str) else list(dict.fromkeys(fingerprint))
+        if not keys:
+            raise ValueError("reserve needs at least one budget")
         text = json.dumps(event_to_json(event))  # refuses an event dptune cannot store, before the lock
         with self._write() as con:
-            row = con.execute("SELECT epsilon, delta, label, dataset_id, records FROM budgets WHERE fingerprint=?",
-                              (fingerprint,)).fetchone()
-            if row is None:
-                raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
-                                  f"open one: python -m dptune.ledger new-budget --ledger {self.path} --space SPACE "
-                                  "--epsilon E --delta D (or pass --budget-epsilon)")
-            budget_eps, budget_delta = float(row[0]), float(row[1])
-            name_of = f"{row[2] or 'dataset'} (id {row[3]})"
-            smallest_n = min(x for x in (n, row[4], math.inf) if x is not None)
-            if math.isfinite(smallest_n) and budget_delta >= 1.0 / smallest_n:
-                raise BudgetExceeded(
-                    "budget.delta", f"the budget of {name_of} has δ = {budget_delta:g}, not below 1/n = "
-                    f"{1.0 / smallest_n:.3g}: a mechanism that publishes a random example in the clear meets it",
-                    f"lower it: python -m dptune.ledger set-budget --ledger {self.path} --dataset-id {row[3]} "
-                    f"--epsilon {budget_eps:g} --delta {10 ** math.floor(math.log10(0.1 / smallest_n)):g}")
-            spent = self._spent(con, fingerprint)
-            total_eps = composed_epsilon([*spent, event], budget_delta)
-            if total_eps > budget_eps:
-                spent_eps = composed_epsilon(spent, budget_delta)
-                raise BudgetExceeded(
-                    "budget",
-                    f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
-                    f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
-                    "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
-                    "noise) or raise the budget with `python -m dptune.ledger set-budget`",
-                )
-            eps_alone = composed_epsilon([event], budget_delta)
-            cur = con.execute(
-                "INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256) "
-                "VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?)",
-                (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event)))
-            assert cur.lastrowid is not None
-            return int(cur.lastrowid)
+            first: int | None = None
+            for key in keys:
+                row_id = self._reserve_one(con, key, name, event, text, n, group=first)
+                first = row_id if first is None else first
+            assert first is not None
+            return first
+
+    def _reserve_one(self, con: sqlite3.Connection, fingerprint: str, name: str, event: de.DpEvent, text: str,
+                     n: int | None, group: int | None) -> int:
+        """One budget's checks and charge row, inside the caller's transaction."""
+        row = con.execute("SELECT epsilon, delta, label, dataset_id, records FROM budgets WHERE fingerprint=?",
+                          (fingerprint,)).fetchone()
+        if row is None:
+            raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
+                              f"open one: python -m dptune.ledger new-budget --ledger {self.path} --space SPACE "
+                              "--epsilon E --delta D (or pass --budget-epsilon)")
+        budget_eps, budget_delta = float(row[0]), float(row[1])
+        name_of = f"{row[2] or 'dataset'} (id {row[3]})"
+        smallest_n = min(x for x in (n, row[4], math.inf) if x is not None)
+        if math.isfinite(smallest_n) and budget_delta >= 1.0 / smallest_n:
+            raise BudgetExceeded(
+                "budget.delta", f"the budget of {name_of} has δ = {budget_delta:g}, not below 1/n = "
+                f"{1.0 / smallest_n:.3g}: a mechanism that publishes a random example in the clear meets it",
+                f"lower it: python -m dptune.ledger set-budget --ledger {self.path} --dataset-id {row[3]} "
+                f"--epsilon {budget_eps:g} --delta {10 ** math.floor(math.log10(0.1 / smallest_n)):g}")
+        spent = self._spent(con, fingerprint)
+        total_eps = composed_epsilon([*spent, event], budget_delta)
+        if total_eps > budget_eps:
+            spent_eps = composed_epsilon(spent, budget_delta)
+            raise BudgetExceeded(
+                "budget",
+                f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
+                f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
+                "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
+                "noise) or raise the budget with `python -m dptune.ledger set-budget`",
+            )
+        eps_alone = composed_epsilon([event], budget_delta)
+        cur = con.execute(
+            "INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256, "
+            "group_id) VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?, ?)",
+            (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event), group))
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
 
     def _close(self, charge_id: int, status: str) -> None:
         with self._write() as con:
@@ -334,7 +336,9 @@ class Ledger:
                 if row[0] == status:
                     return  # idempotent (a resumed search commits once)
                 raise ValueError(f"charge {charge_id} is already {row[0]}")
-            con.execute("UPDATE charges SET status=?, closed=? WHERE id=?", (status, time.time(), charge_id))
+            # the charges the same reservation made on the other budgets the data overlaps close with it
+            con.execute("UPDATE charges SET status=?, closed=? WHERE id=? OR group_id=?",
+                        (status, time.time(), charge_id, charge_id))
 
     def commit(self, charge_id: int) -> None:
         self._close(charge_id, "committed")
