@@ -205,3 +205,45 @@ def test_table_without_id_column_is_warned(world: World) -> None:
     del raw["dataset"]["id_column"]
     rc, out, _ = world.search(raw, "--budget-epsilon", "50")
     assert rc == 0 and "declares no dataset.id_column" in out, out
+
+
+def test_budget_opened_before_record_ids_adopts_them(world: World) -> None:
+    """A budget an older dptune opened (content digests, no ids) still takes its data, and takes the data's
+    record ids with it: a careless copy searched afterwards is charged to it by id."""
+    from dptune.config import load_space
+    from dptune.data import load_dataset
+
+    base = _table([f"p{i}" for i in range(ROWS)])
+    raw = _table_space(_write(base, world.tmp / "base.csv"))
+    data = load_dataset(load_space(world.space(raw)).dataset)
+    led = Ledger(world.ledger_path)
+    led.set_budget(data.pool_fingerprint(), 50.0, 1e-5, label="old", digests=data.example_digests())  # no ids
+    legacy_id = led.dataset_id(data.pool_fingerprint())
+    rc, out, first = world.search(raw)
+    assert rc == 0 and first == legacy_id, out
+    df = base.to_pandas()
+    df.assign(b=df["b"] + 1e-9).to_csv(world.tmp / "jitter.csv", index=False)
+    rc, out, again = world.search(_table_space(world.tmp / "jitter.csv"), "--budget-epsilon", "50")
+    assert rc == 0 and again == legacy_id and list(world.budgets()) == [legacy_id], out
+
+
+def test_imagefolder_records_are_their_paths(tmp_path: Path) -> None:
+    """An imagefolder image's id is its path under the dataset folder: every pixel +1/255 keeps the ids."""
+    from PIL import Image
+
+    from dptune.config import DatasetSpec
+    from dptune.data import load_dataset
+
+    for root, shift in ((tmp_path / "orig", 0), (tmp_path / "copy", 1)):
+        for split, n in (("train", 12), ("test", 4)):
+            for c in ("cat", "dog"):
+                (root / split / c).mkdir(parents=True)
+                for i in range(n):
+                    px = np.random.default_rng([len(split), len(c), i]).integers(0, 255, (8, 8, 3))
+                    Image.fromarray((px + shift).astype(np.uint8)).save(root / split / c / f"{i}.png")
+    spec = {"name": "imagefolder", "validation_size": 4, "test_size": 4}
+    a = load_dataset(DatasetSpec(path=str(tmp_path / "orig"), **spec))
+    b = load_dataset(DatasetSpec(path=str(tmp_path / "copy"), **spec))
+    assert a.record_ids is not None and len(a.record_ids) == 2 * (12 + 4) == len(set(a.record_ids))
+    assert a.record_ids == b.record_ids and "imagefolder/train/cat/0.png" in a.record_ids
+    assert not set(a.example_digests()) & set(b.example_digests())  # the content differs everywhere

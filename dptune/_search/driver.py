@@ -23,7 +23,7 @@ from dptune._search.options import RayOptions, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, later_defaults
 from dptune.errors import ConfigError, check_delta
-from dptune.ledger import Charge, Ledger, budget_match, open_budget
+from dptune.ledger import Charge, Ledger, adopt_ids, budget_match, open_budget
 from dptune.release import (
     day_of,
     release_document,
@@ -133,6 +133,8 @@ def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable
     for key in found.near:
         say(f"  WARNING: this data's content nearly matches the budgeted {ledger.label(key)}, which shares no "
             "record id with it: if it is a copy, declare the same record ids (dataset.id_column)")
+    for key in found.legacy:
+        adopt_ids(ledger, key, p.data)
     if found.overlapped and found.covered:
         if len(found.overlapped) > 1:
             say("  this data overlaps several budgeted datasets; each is charged: "

@@ -4,8 +4,8 @@ dataset falls under, by record ids (:mod:`dptune.ledger._budgets`).
 CLI: ``python -m dptune.ledger {show,set-budget,new-budget} [--ledger FILE]``.
 """
 
-from dptune.ledger._budgets import BudgetMatch, budget_key, budget_match, open_budget
+from dptune.ledger._budgets import BudgetMatch, adopt_ids, budget_key, budget_match, open_budget
 from dptune.ledger._store import BudgetExceeded, Charge, Ledger, default_ledger_path, event_sha256
 
-__all__ = ["BudgetExceeded", "BudgetMatch", "Charge", "Ledger", "budget_key", "budget_match", "default_ledger_path",
-           "event_sha256", "open_budget"]
+__all__ = ["BudgetExceeded", "BudgetMatch", "Charge", "Ledger", "adopt_ids", "budget_key", "budget_match",
+           "default_ledger_path", "event_sha256", "open_budget"]

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from dptune.ledger._store import Ledger
 
-__all__ = ["BudgetMatch", "budget_key", "budget_match", "match", "open_budget", "record_id_digests", "record_ids"]
+__all__ = ["BudgetMatch", "adopt_ids", "budget_key", "budget_match", "match", "open_budget", "record_id_digests", "record_ids"]
 
 SAME_DATASET_SHARE = 0.9  # content: sharing >= 90 % of the examples' digests with a budgeted dataset
 ID_BYTES = 16  # a record id's keyed digest: HMAC-SHA256 under the curator key, truncated to 128 bits
@@ -46,6 +46,7 @@ class BudgetMatch:
     overlapped: list[str]  # budgets sharing at least one record, most shared first: each is charged
     covered: bool  # every record of the dataset is in one of them
     near: list[str]  # budgets sharing no record whose content nearly matches (advisory)
+    legacy: list[str]  # overlapped budgets opened before record ids (matched by content; they adopt the ids)
 
 
 def record_ids(data: Records) -> list[str]:
@@ -70,7 +71,7 @@ def match(ledger: Ledger, fingerprint: str, id_digests: Sequence[bytes], digests
     found: list[tuple[int, str]] = []
     near: list[str] = []
     union: set[bytes] = set()
-    legacy = False
+    legacy: list[str] = []
     for key, id_blob, blob in ledger._read("SELECT fingerprint, ids, digests FROM budgets ORDER BY created"):
         theirs = _chunks(blob, 32) if blob is not None else set()
         share = len(content & theirs) / max(1, min(len(content), len(theirs)))
@@ -83,9 +84,17 @@ def match(ledger: Ledger, fingerprint: str, id_digests: Sequence[bytes], digests
                 near.append(str(key))
         elif key == fingerprint or (theirs and share >= SAME_DATASET_SHARE):
             found.append((len(mine), str(key)))
-            legacy = True
+            legacy.append(str(key))
     found.sort(key=lambda t: -t[0])  # stable: equal overlaps keep the older budget first
-    return BudgetMatch([k for _, k in found], legacy or (bool(mine) and mine <= union), near)
+    return BudgetMatch([k for _, k in found], bool(legacy) or (bool(mine) and mine <= union), near, legacy)
+
+
+def adopt_ids(ledger: Ledger, key: str, data: Records) -> None:
+    """A budget opened before record ids, matched by content, takes ``data``'s record ids: from then on its
+    careless copies are caught by id as well."""
+    with ledger._write() as con:
+        con.execute("UPDATE budgets SET ids=? WHERE fingerprint=? AND ids IS NULL",
+                    (b"".join(record_id_digests(ledger, record_ids(data))), key))
 
 
 def budget_match(ledger: Ledger, data: Records, fingerprint: str) -> BudgetMatch:
