@@ -11,8 +11,9 @@ Refused with a ConfigError naming the column (CLIs: exit 2, before anything is c
 column, a declared feature that does not exist or is not numeric, any missing value (null or NaN) in a
 declared feature or the label. dptune does not impute: an imputed value would be computed from private data.
 
-Ledger identity: the digests of the whole source rows (every column, by name), not of the preprocessed
-tensors, so declaring other features or bounds for the same table cannot open a fresh privacy budget.
+Ledger identity: the declared ``dataset.id_column`` (present and distinct in every row) names each record,
+so a copy with values jittered, columns added or renamed keeps its budget; content (the digests of the whole
+source rows, every column, by name) is an advisory near-match and, without an id column, the only identity.
 """
 
 from __future__ import annotations
