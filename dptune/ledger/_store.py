@@ -116,7 +116,10 @@ class Ledger:
         _private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
         self.key_path = self.path.with_name(self.path.name + ".key")
         # schema, upgrades and the key under one exclusive lock: two processes opening a new ledger at once
-        # would otherwise both add the same column (or both write a key)
+        # would otherwise both add the same column (or both write a key); a set-up ledger is only read
+        if self.key_path.exists() and self._set_up():
+            _private_file(self.key_path, create=False)
+            return
         with self._write(exclusive=True) as con:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -145,6 +148,18 @@ class Ledger:
             os.link(tmp, self.key_path)  # appears complete or not at all
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _set_up(self) -> bool:
+        """Every table and column of the current schema is there (checked without writing)."""
+        con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        try:
+            for table in ("budgets", "charges"):
+                have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+                if not have or any(name not in have for name, _ in _ADDED[table]):
+                    return False
+            return True
+        finally:
+            con.close()
 
     @staticmethod
     def _upgrade(con: sqlite3.Connection) -> None:
