@@ -45,7 +45,7 @@ def _show(ledger: Ledger) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for fp in ledger.fingerprints():
         b = ledger.budget(fp)
-        out.append({"dataset_id": ledger.dataset_id(fp) if b else None, "label": ledger.label(fp) if b else None,
+        out.append({"dataset_id": ledger.dataset_id(fp) if b else None, "label": ledger.label(fp, with_id=False) if b else None,
                     "budget_epsilon": b[0] if b else None, "budget_delta": b[1] if b else None,
                     "spent_epsilon": ledger.spent(fp),
                     "charges": [{"id": c.id, "token": c.token, "name": c.name, "epsilon": c.epsilon,
@@ -71,7 +71,7 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
     budgets = [d for d in _show(ledger) if d["dataset_id"]]
     print(f"existing budgets ({len(budgets)}):" if budgets else "no budgets yet")
     for d in budgets:
-        print(f"  {d['label']}: ε = {d['budget_epsilon']:g}, δ = {d['budget_delta']:g}, spent ε = "
+        print(f"  {d['label']} (id {d['dataset_id']}): ε = {d['budget_epsilon']:g}, δ = {d['budget_delta']:g}, spent ε = "
               f"{d['spent_epsilon']:.4g}")
     for key in found.overlapped:
         print(f"  this data shares records with {ledger.label(key)}: its searches are charged to that budget too")
@@ -105,7 +105,7 @@ def _main(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     for d in out:
-        name = d["label"] or "charges without a budget"
+        name = f"{d['label']} (id {d['dataset_id']})" if d["dataset_id"] else "charges without a budget"
         print(f"{name}: budget ε = {d['budget_epsilon']}, δ = {d['budget_delta']}; "
               f"spent ε = {d['spent_epsilon']:.4g} (RDP composition)")
         for c in d["charges"]:

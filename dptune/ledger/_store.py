@@ -255,12 +255,12 @@ class Ledger:
                               "(a new dataset's budget is opened with `python -m dptune.ledger new-budget`)")
         return str(rows[0][0])
 
-    def label(self, fingerprint: str) -> str:
+    def label(self, fingerprint: str, with_id: bool = True) -> str:
         """What a budget is called on the terminal: its label and public random id, never its key."""
         rows = self._read("SELECT label, dataset_id FROM budgets WHERE fingerprint=?", (fingerprint,))
         if not rows:
             return "a dataset without a budget"
-        return f"{rows[0][0] or 'dataset'} (id {rows[0][1]})"
+        return f"{rows[0][0] or 'dataset'}" + (f" (id {rows[0][1]})" if with_id else "")
 
     def budget(self, fingerprint: str) -> tuple[float, float] | None:
         rows = self._read("SELECT epsilon, delta FROM budgets WHERE fingerprint=?", (fingerprint,))
