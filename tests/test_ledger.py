@@ -347,3 +347,22 @@ def test_default_ledger_is_one_absolute_per_user_file_printed_on_every_charge(tm
             else:
                 os.environ[k] = v
     assert inspect.signature(api.search).parameters["ledger"].default is None  # None = default_ledger_path()
+
+
+def test_reservation_on_several_budgets_is_all_or_none_and_closes_together(tmp_path: Path) -> None:
+    """Issue 22 item 2: data overlapping two budgets is charged to both in one transaction: refused on one,
+    stored on neither; the first charge is the one returned, and closing it closes the other."""
+    a, b = "a" * 64, "b" * 64
+    led = Ledger(tmp_path / "l.sqlite")
+    led.set_budget(a, 50.0, DELTA)
+    led.set_budget(b, 1.0, DELTA)
+    with pytest.raises(BudgetExceeded, match="over its budget"):
+        led.reserve([a, b], "both", search_event(2.0))
+    assert led.charges() == []
+    led.set_budget(b, 50.0, DELTA)
+    first = led.reserve([a, b], "both", search_event(2.0))
+    assert led.charge(first).fingerprint == a
+    assert [(c.fingerprint, c.status) for c in led.charges()] == [(a, "reserved"), (b, "reserved")]
+    assert led.spent(a) == led.spent(b) == pytest.approx(A.epsilon([search_event(2.0)], DELTA), rel=1e-9)
+    led.commit(first)
+    assert [c.status for c in led.charges()] == ["committed", "committed"]
