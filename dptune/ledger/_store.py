@@ -4,13 +4,15 @@ One SQLite file (mode 0600) and a curator key beside it (``<ledger>.key``, 0600)
 serialized DpEvent; totals compose the events in RDP (never add ε). ``reserve`` commits before it returns;
 ``commit``/``abort`` close a reservation; an unclosed reservation still counts (a crashed search has spent
 its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE), so concurrent reservations can
-neither be lost nor overspend.
+neither be lost nor overspend; creating or upgrading the schema and the key is one BEGIN EXCLUSIVE. The
+default file is per user and absolute (:func:`default_ledger_path`). A budget's δ stays below 1/n.
 
 What is public and what is not:
 
-* a dataset's **fingerprint** (a hash of every example) and its **per-example digests** stay here: whoever
-  knows all records but one could test candidates for the last one against an exact hash. Certificates
-  carry the dataset's random ``dataset_id`` (128 bits of OS entropy, drawn when its budget is set);
+* a budget's key, a dataset's **fingerprint** (a hash of every example), its **per-example digests** and its
+  keyed **record-id digests** (:mod:`dptune.ledger._budgets`) stay here: whoever knows all records but one
+  could test candidates for the last one against an exact hash. Certificates, ``ledger show`` and every
+  message name a budget by its label and random ``dataset_id`` (128 bits of OS entropy, drawn when it is set);
 * a charge's row id counts the charges before it: certificates carry its random ``token`` instead;
 * the key authenticates certificates (HMAC-SHA256): a certificate is bound to the ledger charges it
   claims, so an edited or borrowed one is refused by final training.
