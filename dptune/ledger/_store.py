@@ -3,11 +3,8 @@
 One SQLite file (mode 0600) and a curator key beside it (``<ledger>.key``, 0600). A charge is stored as a
 serialized DpEvent; totals compose the events in RDP (never add ε). ``reserve`` commits before it returns;
 ``commit``/``abort`` close a reservation; an unclosed reservation still counts (a crashed search has spent
-its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE), so concurrent reservations can
-neither be lost nor overspend; creating or upgrading the schema and the key is one BEGIN EXCLUSIVE. The
-default file is per user and absolute (:func:`default_ledger_path`). A budget's δ stays below 1/n.
-
-What is public and what is not:
+its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE): concurrent reservations can
+neither be lost nor overspend; schema and key set-up is one BEGIN EXCLUSIVE. What is public and what is not:
 
 * a budget's key, a dataset's **fingerprint** (a hash of every example), its **per-example digests** and its
   keyed **record-id digests** (:mod:`dptune.ledger._budgets`) stay here: whoever knows all records but one
@@ -68,10 +65,8 @@ _ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "
 
 
 def default_ledger_path() -> Path:
-    """The one per-user ledger every CLI and the API use unless told otherwise, absolute whatever the working
-    directory: ``$XDG_DATA_HOME/dptune/ledger.sqlite`` (an absolute XDG_DATA_HOME only, as the XDG spec says),
-    else ``~/.local/share/dptune/ledger.sqlite``. A ledger relative to the working directory let a search
-    started elsewhere open a fresh budget for data already charged."""
+    """The per-user ledger of every CLI and the API, absolute whatever the working directory (a relative one let
+    a search started elsewhere open a fresh budget): ``$XDG_DATA_HOME`` if absolute, else ``~/.local/share``."""
     xdg = os.environ.get("XDG_DATA_HOME", "")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
     return base / "dptune" / "ledger.sqlite"
@@ -132,8 +127,7 @@ class Ledger:
         _private_file(self.key_path, create=False)
 
     def _new_key(self, con: sqlite3.Connection) -> None:
-        """A fresh 256-bit curator key, only for a ledger that has authenticated nothing yet: a new key for a
-        ledger with charges would orphan every certificate it bound (and hide that the key was removed)."""
+        """A fresh 256-bit key, only for a ledger without charges: a new key would orphan every certificate."""
         (n,) = con.execute("SELECT COUNT(*) FROM charges").fetchone()
         if n:
             raise ConfigError("--ledger", f"the curator key {str(self.key_path)!r} is missing, but the ledger holds "
@@ -151,8 +145,7 @@ class Ledger:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _set_up(self) -> bool:
-        """Every table and column of the current schema is there (checked without writing)."""
+    def _set_up(self) -> bool:  # every table and column of the current schema is there (read only)
         con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         try:
             for table in ("budgets", "charges"):
@@ -226,8 +219,7 @@ class Ledger:
     def set_budget(self, fingerprint: str, epsilon: float, delta: float, label: str = "",
                    digests: Sequence[bytes] | None = None, n: int | None = None,
                    ids: Sequence[bytes] | None = None) -> None:
-        """Open (or change) the budget keyed ``fingerprint`` (curator-side key, never printed). ``n``: the
-        number of records it protects (δ must stay below 1/n); defaults to the number of ``digests``."""
+        """Open or change the budget keyed ``fingerprint``; ``n`` records (default: of ``digests``): δ < 1/n."""
         n = n if n is not None else (len(digests) if digests is not None else None)
         blob = b"".join(sorted(digests)) if digests is not None else None
         id_blob = b"".join(sorted(ids)) if ids is not None else None
@@ -247,8 +239,7 @@ class Ledger:
                          blob, n, id_blob))
 
     def budget_key(self, dataset_id: str) -> str:
-        """The curator-side key of the budget whose public ``dataset_id`` (what ``ledger show`` prints) is
-        given; ConfigError if no budget has that id (a typo must not open a phantom budget)."""
+        """The key of the budget with this public ``dataset_id``; ConfigError if none (no phantom budget)."""
         rows = self._read("SELECT fingerprint FROM budgets WHERE dataset_id=? OR fingerprint=?",
                           (str(dataset_id), str(dataset_id)))
         if not rows:
@@ -403,7 +394,6 @@ class Ledger:
 
 
 def _check_budget(epsilon: float, delta: float, n: int | None) -> None:
-    """A budget's ε > 0 and δ in (0, 1), below 1/n when its number of records n is known (the per-search rule:
-    δ ≥ 1/n admits publishing one random example in the clear)."""
+    """ε > 0; δ in (0, 1) and below 1/n when n is known (δ ≥ 1/n admits publishing a random example)."""
     check_positive("--epsilon", epsilon, "choose a total budget, e.g. 8")
     check_delta("--delta", delta, n)
