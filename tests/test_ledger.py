@@ -298,7 +298,8 @@ def test_missing_key_of_a_ledger_with_charges_is_refused(tmp_path: Path) -> None
     assert r.returncode == 2 and "key" in r.stderr and not led.key_path.exists()
 
 
-def test_default_ledger_is_one_absolute_per_user_file_printed_on_every_charge(tmp_path: Path) -> None:
+def test_default_ledger_is_one_absolute_per_user_file_printed_on_every_charge(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 22 item 3: without --ledger, searches started from two working directories charge one per-user
     ledger (under ~/.local/share/dptune, or an absolute $XDG_DATA_HOME), which the second finds with its
     budget; the path is printed on every charge; a relative --ledger is resolved; the API has that default."""
@@ -331,21 +332,13 @@ def test_default_ledger_is_one_absolute_per_user_file_printed_on_every_charge(tm
                         "rel/l.sqlite", "--budget-epsilon", "20"], capture_output=True, text=True,
                        env={**env, "XDG_DATA_HOME": str(xdg)}, cwd=tmp_path / "a", timeout=300)
     assert r.returncode == 0 and f"ledger: {tmp_path / 'a' / 'rel' / 'l.sqlite'}" in r.stdout, r.stdout + r.stderr
-    old_home, old_xdg = os.environ.get("HOME"), os.environ.get("XDG_DATA_HOME")
-    try:
-        os.environ["HOME"] = str(tmp_path / "home")
-        os.environ.pop("XDG_DATA_HOME", None)
-        assert default_ledger_path() == home_ledger
-        os.environ["XDG_DATA_HOME"] = str(xdg)
-        assert default_ledger_path() == xdg / "dptune" / "ledger.sqlite"
-        os.environ["XDG_DATA_HOME"] = "relative/dir"  # not absolute: ignored, as the XDG spec says
-        assert default_ledger_path() == home_ledger
-    finally:
-        for k, v in (("HOME", old_home), ("XDG_DATA_HOME", old_xdg)):
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    assert default_ledger_path() == home_ledger
+    monkeypatch.setenv("XDG_DATA_HOME", str(xdg))
+    assert default_ledger_path() == xdg / "dptune" / "ledger.sqlite"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/dir")  # not absolute: ignored, as the XDG spec says
+    assert default_ledger_path() == home_ledger
     assert inspect.signature(api.search).parameters["ledger"].default is None  # None = default_ledger_path()
 
 
