@@ -236,9 +236,11 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
     sealed = _SealedFinal(cur.run, out, seed)
     # rule 4: the charge is durable before training touches data; refused (nothing stored) if over budget —
     # the ledger already holds every charge the certificate composes (verified above), so this checks the total
-    charge_id = cur.ledger.reserve(cur.state["budget_fingerprint"], f"final_training:{cur.run.root.name}", event)
+    # every budget the search was charged to (the data overlaps each) pays for final training too
+    budgets = cur.state.get("budget_fingerprints") or [cur.state["budget_fingerprint"]]
+    charge_id = cur.ledger.reserve(budgets, f"final_training:{cur.run.root.name}", event, n=n)
     sealed.write(ledger_charge=charge_id, started=time.time())
-    print(f"dptune train: charged to the ledger before training: epsilon = {summary['epsilon_alone']:.4f} alone "
+    print(f"dptune train: charged to the ledger {cur.ledger.path} before training: epsilon = {summary['epsilon_alone']:.4f} alone "
           f"(noise multiplier {config.noise_multiplier:.4f}, q = {summary['sampling_rate']:.4g}, "
           f"{summary['steps']} steps, n = {n})")
     try:

@@ -164,6 +164,21 @@ def _check_classes(name: str, classes: Any) -> None:
                           f"list the label values in class order, e.g. {example}")
 
 
+def check_id_column(name: str, id_column: Any, label: Any, features: Any) -> None:
+    """``dataset.id_column``: a table's record identifier (what the ledger keys budgets on), neither the label
+    nor a feature. Images have theirs (a built-in's index in its official split, an imagefolder's path)."""
+    if id_column is None:
+        return
+    if name != "table":
+        raise ConfigError("dataset.id_column", f"applies to tables only, not to {name!r}",
+                          f"remove dataset.id_column ({name!r} records are identified by dptune itself)")
+    if not isinstance(id_column, str) or not id_column:
+        raise ConfigError("dataset.id_column", f"{id_column!r} is not a column name", "name the table's id column")
+    if id_column == label or (isinstance(features, Mapping) and id_column in features):
+        raise ConfigError("dataset.id_column", f"{id_column!r} is the label or a feature",
+                          "name a column that identifies each record and is not used for training")
+
+
 def _distinct_labels(classes: Any) -> bool:
     return (isinstance(classes, list) and len(classes) >= 2 and len(set(map(repr, classes))) == len(classes)
             and all(isinstance(c, str) or (isinstance(c, int) and not isinstance(c, bool)) for c in classes))

@@ -75,21 +75,23 @@ class SearchResult:
 
 
 def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilon: float | None = None,
-           budget_delta: float | None = None, ledger: str | Path = "runs/ledger.sqlite",
+           budget_delta: float | None = None, ledger: str | Path | None = None,
            runs_dir: str | Path = "runs", name: str | None = None, tune_fraction: float | None = None,
            epochs: float | None = None, num_cpus: int | None = None, address: str | None = None,
            cpus_per_trial: float = 1.0, gpus_per_trial: str = "auto", save_checkpoint: bool = False,
-           new_dataset: bool = False, resume: bool = False, seed: int | None = None) -> SearchResult:
-    """Run a private random search (charged to ``ledger`` before any trial) and return its release."""
+           resume: bool = False, seed: int | None = None) -> SearchResult:
+    """Run a private random search (charged to ``ledger`` before any trial) and return its release.
+    ``ledger``: default the per-user ledger the CLI uses (:func:`dptune.ledger.default_ledger_path`)."""
     from dptune._search.driver import SearchRequest, default_run_name, run_search
     from dptune._search.options import RayOptions
+    from dptune.ledger import default_ledger_path
 
     s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     run_name = name or default_run_name(s)
     ray = RayOptions(address=address, num_cpus=num_cpus, cpus_per_trial=cpus_per_trial,
                      gpus_per_trial=gpus_per_trial, save_model=save_checkpoint)
-    out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name, ledger=Path(ledger),
-                                   budget_epsilon=budget_epsilon, budget_delta=budget_delta, new_dataset=new_dataset,
+    out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name, ledger=Path(ledger or default_ledger_path()).expanduser().resolve(),
+                                   budget_epsilon=budget_epsilon, budget_delta=budget_delta,
                                    resume=resume, seed=seed, ray=ray))
     release = out.run.release
     return SearchResult(out.run.root, release, dict(out.released["config"]), out.released["score"],

@@ -189,16 +189,20 @@ class DatasetSpec:
     label: str | None = None  # table: the label column
     features: dict[str, list[float]] | None = None  # table: column -> [low, high], public bounds
     classes: list[str | int] | None = None  # table / imagefolder: the declared classes in order (required)
+    # table: the column naming each record (the privacy unit the ledger keys budgets on; see dptune.ledger)
+    id_column: str | None = None
 
     def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
         object.__setattr__(self, "features", _specs.check_dataset_fields(
             self.name, self.split, self.download, self.label, self.features, self.classes))
+        _specs.check_id_column(self.name, self.id_column, self.label, self.features)
 
 
 # Fields added after releases were first written. A release, checkpoint or sealed run spec from before one
 # existed is read with it at its default, which is what ran then (no model kwargs, the official split, no
 # table); every other field must be present: a defaulted privacy or model setting would train something else.
-LATER_FIELDS = {"TrialConfig": ("model_kwargs",), "DatasetSpec": ("split", "download", "label", "features", "classes"),
+LATER_FIELDS = {"TrialConfig": ("model_kwargs",), "DatasetSpec": ("split", "download", "label", "features", "classes",
+                                                                "id_column"),
                 "PrivacySpec": ("search_share", "selection")}
 
 

@@ -181,7 +181,7 @@ def ledger_series(ledger: Ledger) -> tuple[dict[str, list[tuple[float, float]]],
     for fp in ledger.fingerprints():
         budget = ledger.budget(fp)
         delta = budget[1] if budget else 1e-5  # Ledger.spent's default when no budget is set
-        label = fp[:12]
+        label = ledger.label(fp)  # the public id and label: the key (a hash of the data) stays in the ledger
         budgets[label] = budget[0] if budget else None
         counted: list[de.DpEvent] = []
         points: list[tuple[float, float]] = []
@@ -247,7 +247,7 @@ def render(data: RunData) -> str:
     released = data.release.get("config", {})
     name = cert.details.get("run", data.run.root.name)
     series, budgets, charge_rows = ledger_series(data.ledger)
-    this_ds = str(data.state.get("budget_fingerprint", ""))[:12]
+    this_ds = data.ledger.label(str(data.state.get("budget_fingerprint", "")))
     series = {(f"{k} (this run)" if k == this_ds else k): v for k, v in series.items()}
     budgets = {(f"{k} (this run)" if k == this_ds else k): v for k, v in budgets.items()}
 

@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--space", required=True, help="search-space YAML, e.g. search_spaces/digits.yaml")
     p.add_argument("--name", help="run name (default: <space>-<random>); outputs go to <runs-dir>/<name>")
     p.add_argument("--runs-dir", default="runs")
-    p.add_argument("--ledger", default="runs/ledger.sqlite", help="privacy ledger (SQLite)")
+    p.add_argument("--ledger", help="privacy ledger (SQLite; default: the per-user "
+                   "$XDG_DATA_HOME/dptune/ledger.sqlite or ~/.local/share/dptune/ledger.sqlite)")
     p.add_argument("--budget-epsilon", type=float, help="set the dataset's budget if it has none yet")
     p.add_argument("--budget-delta", type=float, help="δ of that budget (default: the space's δ)")
     p.add_argument("--accounting", choices=["random_stopping", "composed"], help="override search.accounting")
@@ -48,8 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-path", help="Tune checkpoints on storage every node reaches: a shared (NFS) path or a "
                    "URI such as s3://bucket/dir (curator-only!); default: the run's sealed/ray (one machine)")
     p.add_argument("--resume", action="store_true", help="resume the sealed draw of --name (no new charge)")
-    p.add_argument("--new-dataset", action="store_true",
-                   help="this dataset is NOT a near-copy of a budgeted one: give it a budget of its own")
     p.add_argument("--show-trials", action="store_true",
                    help="CURATOR ONLY: print every trial's result (private data) to the terminal")
     p.add_argument("--seed", type=int, help="NOT PRIVATE: fixed randomness for reproducibility/tests")
@@ -146,10 +145,16 @@ def _request(args: argparse.Namespace) -> SearchRequest:
                      dashboard_port=args.dashboard_port, max_failures=args.max_failures,
                      checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint,
                      storage_path=_storage(args.storage_path))
-    return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=Path(args.ledger),
+    return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=_ledger_path(args.ledger),
                          budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
-                         new_dataset=args.new_dataset, resume=args.resume, seed=args.seed,
+                         resume=args.resume, seed=args.seed,
                          show_trials=args.show_trials, ray=ray)
+
+
+def _ledger_path(given: str | None) -> Path:
+    from dptune.ledger import default_ledger_path
+
+    return (Path(given).expanduser() if given else default_ledger_path()).resolve()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +172,7 @@ def _main(args: argparse.Namespace) -> int:
     except (SearchInterrupted, KeyboardInterrupt):
         print(f"interrupted; nothing was released. The charge stays reserved (it counts) and the finished trials "
               f"are sealed. Continue with: python -m dptune.search --space {args.space} --name "
-              f"{req.run_dir.name} --runs-dir {args.runs_dir} --ledger {args.ledger} --resume "
+              f"{req.run_dir.name} --runs-dir {args.runs_dir} --ledger {req.ledger} --resume "
               "(with the same flags as before)", file=sys.stderr)
         return 130
     except SearchFailed as e:

@@ -68,7 +68,7 @@ def violations(rel: str, source: str) -> list[str]:
     me = _module_name(rel)
     out = []
     for prefix, forbidden in RULES.items():
-        if _applies(rel, prefix):
+        if _applies(rel, prefix) and not (prefix.endswith("/") and me in CLIS):  # a package's CLI is a CLI
             out += [f"{rel} imports {i}" for i in sorted(imported) if any(_matches(i, f) for f in forbidden)
                     and not _matches(i, me)]
     for lib, allowed in ONLY.items():

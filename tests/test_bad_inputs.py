@@ -186,6 +186,8 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("search", lambda w: ["--space", str(SPACE), "--resume", "--name", "never-ran"], "--resume"),
     ("search", lambda w: ["--space", str(SPACE), "--name", "over"], "budget"),  # over budget: 2.9 + 2.9 > 4
     ("search", lambda w: ["--space", str(SPACE), "--cpus-per-trial", "0"], "--cpus-per-trial"),
+    ("search", lambda w: ["--space", str(SPACE), "--ledger", str(w["base"] / "fresh.sqlite"), "--budget-epsilon", "3",
+                          "--budget-delta", "0.5"], "--budget-delta"),  # δ ≥ 1/n for a budget (issue 22 item 4)
     ("search", lambda w: ["--space", str(w["big_delta"])], "privacy.delta"),  # δ ≥ 1/n (issue item 12)
     ("search", lambda w: ["--space", str(w["bad_default"])], "default.batch_size"),  # not a choice (item 12)
     ("search", lambda w: ["--space", str(w["basis"])], "fixed.sampling_basis"),  # internal (issue item 3)
@@ -205,6 +207,8 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "0", "--delta", "1e-5"], "--epsilon"),
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "1", "--delta", "2"], "--delta"),
     ("ledger", lambda w: ["set-budget", "--fingerprint", "x", "--epsilon", "nan?", "--delta", "1e-5"], "--epsilon"),
+    ("ledger", lambda w: ["set-budget", "--dataset-id", "0" * 32, "--epsilon", "9", "--delta", "1e-6"],
+     "--dataset-id"),  # names no budget: refused, no phantom budget (issue 22 item 23)
     # train
     ("train", lambda w: ["--release", str(w["base"] / "missing"), "--out", str(w["base"] / "o1")], "--release"),
     ("train", lambda w: _train(w, _release_variant(w, "nocert", _no_cert), "o2"), "certificate"),

@@ -139,8 +139,8 @@ def test_ledger_series_composes_like_the_ledger(search_run: tuple[Path, Path, di
     ledger = Ledger(ledger_path)
     series, budgets, rows = ledger_series(ledger)
     [fp] = ledger.fingerprints()
-    assert series[fp[:12]][-1][1] == pytest.approx(ledger.spent(fp), rel=1e-9)
-    assert budgets[fp[:12]] == 30.0 and [r["status"] for r in rows] == ["committed"]
+    assert series[ledger.label(fp)][-1][1] == pytest.approx(ledger.spent(fp), rel=1e-9)
+    assert budgets[ledger.label(fp)] == 30.0 and [r["status"] for r in rows] == ["committed"]
     _check_png(_plots.ledger_figure(series, budgets))
 
 

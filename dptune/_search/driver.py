@@ -23,7 +23,7 @@ from dptune._search.options import RayOptions, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta
-from dptune.ledger import Charge, Ledger
+from dptune.ledger import Charge, Ledger, adopt_ids, budget_match, open_budget
 from dptune.release import (
     day_of,
     release_document,
@@ -45,7 +45,6 @@ class SearchRequest:
     ledger: Path
     budget_epsilon: float | None = None
     budget_delta: float | None = None
-    new_dataset: bool = False
     resume: bool = False
     seed: int | None = None  # NOT PRIVATE
     show_trials: bool = False
@@ -140,37 +139,56 @@ _ENGINE_KEYS = ("model", "groups", "scale_norm", "fix_batchnorm", "clipping", "a
                 "batch_size", "physical_batch_size")
 
 
-def _budget_key(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> str:
-    """The budget this dataset is charged to: its own, or that of a budgeted near-copy (≥ 90 % shared)."""
-    digests = p.data.example_digests()
-    same = None if req.new_dataset else ledger.same_dataset(p.fingerprint, digests)
-    if same is not None:
-        if same[0] != p.fingerprint:
-            # never the exact share: it counts private records (how many differ from the budgeted set)
-            say("  this dataset shares most of its examples (at least the ledger's near-copy threshold) with a "
-                "budgeted dataset: charged to that budget (pass --new-dataset only if it truly is another dataset)")
-        return same[0]
-    if req.new_dataset:
-        near = ledger.same_dataset(p.fingerprint, digests)
-        say("  --new-dataset: this dataset gets a budget of its own" + (
-            ", although it shares most of its examples with a budgeted one" if near else ""))
+def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> list[str]:
+    """Every budget this dataset is charged to: those sharing a record with it (by keyed record ids, the
+    privacy unit). ``--budget-epsilon`` opens one only for data that overlaps no budget and resembles none;
+    anything else is the explicit act of ``python -m dptune.ledger new-budget``."""
+    found = budget_match(ledger, p.data, p.fingerprint)
+    if p.data.record_ids is None:
+        say("  WARNING: this table declares no dataset.id_column: the ledger knows its records only by their "
+            "content, so a copy with any value changed (jitter, an added column) is a different dataset to it. "
+            "Declare the column that identifies each record.")
+    for key in found.near:
+        say(f"  WARNING: this data's content nearly matches the budgeted {ledger.label(key)}, which shares no "
+            "record id with it: if it is a copy, declare the same record ids (dataset.id_column)")
+    for key in found.legacy:
+        adopt_ids(ledger, key, p.data)
+    if found.overlapped and found.covered:
+        if len(found.overlapped) > 1:
+            say("  this data overlaps several budgeted datasets; each is charged: "
+                + "; ".join(ledger.label(k) for k in found.overlapped))
+        return found.overlapped
+    fix = (f"open its budget explicitly: python -m dptune.ledger new-budget --ledger {ledger.path} "
+           f"--space {req.space.source or 'SPACE'} --epsilon E --delta D (it lists the existing budgets)")
+    if found.overlapped:
+        raise ConfigError("budget", "this data holds records of the budgeted "
+                          + "; ".join(ledger.label(k) for k in found.overlapped)
+                          + " and records in no budget", fix + "; its searches are then charged to those too")
+    if found.near:
+        raise ConfigError("--budget-epsilon", "this data resembles a budgeted dataset (see the warning above): "
+                          "no budget is opened for it implicitly", fix)
     if req.budget_epsilon is None:
-        raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {req.ledger}",
-                          "pass --budget-epsilon E (and --budget-delta) once, or use python -m dptune.ledger set-budget")
-    ledger.set_budget(p.fingerprint, req.budget_epsilon, req.budget_delta or req.space.privacy.delta,
-                      label=req.space.dataset.name, digests=digests)
-    return p.fingerprint
+        raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {ledger.path}",
+                          "pass --budget-epsilon E (and --budget-delta) once, or " + fix)
+    try:
+        key = open_budget(ledger, p.data, req.budget_epsilon, req.budget_delta or req.space.privacy.delta,
+                          label=req.space.dataset.name)
+    except ConfigError as e:  # the ledger's checks, under the flags that set the values
+        raise e.renamed({"--epsilon": "--budget-epsilon", "--delta": "--budget-delta"}.get(e.field, e.field)) from e
+    say(f"  opened a privacy budget for this dataset: {ledger.label(key)}, epsilon = {req.budget_epsilon:g}")
+    return [key]
 
 
 def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
              say: Callable[[str], None]) -> tuple[Charge, Draw]:
     if run.root.exists():
         raise ConfigError("--name", f"{run.root} already exists", "choose a new --name, or --resume that search")
-    budget_fp = _budget_key(req, ledger, p, say)
-    charge_id = ledger.reserve(budget_fp, run.root.name, p.plan.search_event)  # rule 4: durable first
+    budget_fps = _budget_keys(req, ledger, p, say)
+    charge_id = ledger.reserve(budget_fps, run.root.name, p.plan.search_event, n=p.n_train)  # rule 4: durable first
     run.create()
     charge = ledger.charge(charge_id)
-    run.write_state(charge_id=charge_id, fingerprint=p.fingerprint, budget_fingerprint=budget_fp,
+    run.write_state(charge_id=charge_id, fingerprint=p.fingerprint, budget_fingerprint=budget_fps[0],
+                    budget_fingerprints=budget_fps,
                     run_spec=p.spec, event_sha256=_event_sha(charge), status="reserved",
                     ledger=str(req.ledger.resolve()), reserved_at=charge.created)
     draw = make_draw(req.space, p.plan.stopping, seed=req.seed,
@@ -292,6 +310,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
         f"{p.plan.stopping.label()})")
     for note in p.notes:
         say(f"  {note}")
+    say(f"  ledger: {ledger.path}")
     say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
         f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
     try:

@@ -40,7 +40,8 @@ def load_digits(spec: DatasetSpec) -> Splits:
     y = torch.from_numpy(np.asarray(d.target, dtype=np.int64))
     test, val, train = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed,
                                      "dataset.test_size")
-    return make_splits(take(x, y, train), take(x, y, val), take(x, y, test), 10)
+    return make_splits(take(x, y, train), take(x, y, val), take(x, y, test), 10,
+                       record_ids=tuple(f"digits/{i}" for i in range(len(y))))  # the index in scikit-learn's copy
 
 
 def existing_dir(spec: DatasetSpec) -> Path:
@@ -97,4 +98,18 @@ def load_imagefolder(spec: DatasetSpec) -> Splits:
         t_idx, val, train = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed,
                                           "dataset.test_size")
         test = take(x, y, t_idx)
-    return make_splits(take(x, y, train), take(x, y, val), test, len(classes))
+    return make_splits(take(x, y, train), take(x, y, val), test, len(classes), record_ids=_folder_ids(root))
+
+
+def _folder_ids(root: Path) -> tuple[str, ...]:
+    """Each image's path relative to ``root`` (``train/cat/001.png``): its record id, whatever its pixels."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    ids: list[str] = []
+    for split in ("train", "test"):
+        folder = root / split
+        if folder.is_dir():
+            classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+            samples = make_dataset(str(folder), {c: i for i, c in enumerate(classes)}, IMG_EXTENSIONS)
+            ids += [Path(p).relative_to(root).as_posix() for p, _ in samples]
+    return tuple(f"imagefolder/{i}" for i in ids)

@@ -28,6 +28,10 @@ class Splits:
     # digests of the source records when the tensors depend on user choices (a table: which columns, which
     # bounds); None: the tensors themselves (fixed preprocessing) identify the examples
     record_digests: tuple[bytes, ...] | None = None
+    # the privacy unit: one identifier per record of train ∪ validation ∪ test (a table's declared id column,
+    # a built-in's "<name>/<official split>/<index>", an imagefolder's relative path); None: a table without
+    # dataset.id_column, whose records the ledger can only know by their content
+    record_ids: tuple[str, ...] | None = None
 
     def example_digests(self) -> list[bytes]:
         """sha256 of every example (train ∪ validation ∪ test; image bytes + label, or the source record),
@@ -57,13 +61,13 @@ class Splits:
 
 
 def make_splits(train: Pair, val: Pair, test: Pair, num_classes: int,
-                record_digests: tuple[bytes, ...] | None = None) -> Splits:
+                record_digests: tuple[bytes, ...] | None = None, record_ids: tuple[str, ...] | None = None) -> Splits:
     def fix(p: Pair) -> Pair:
         return p[0].to(torch.float32).contiguous(), p[1].to(torch.int64).contiguous()
 
     tr = fix(train)
     c, h, w = tr[0].shape[1:]
-    return Splits(tr, fix(val), fix(test), num_classes, (int(c), int(h), int(w)), record_digests)
+    return Splits(tr, fix(val), fix(test), num_classes, (int(c), int(h), int(w)), record_digests, record_ids)
 
 
 def poisson_subsample(splits: Splits, fraction: float, seed: int) -> Splits:

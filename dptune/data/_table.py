@@ -12,8 +12,9 @@ declared feature or the label, a label that ``classes`` does not list. dptune do
 value would be computed from private data. Messages say what is wrong, never how many records or which value
 (a count or a label value of private records is a release).
 
-Ledger identity: the digests of the whole source rows (every column, by name), not of the preprocessed
-tensors, so declaring other features or bounds for the same table cannot open a fresh privacy budget.
+Ledger identity: the declared ``dataset.id_column`` (present and distinct in every row) names each record,
+so a copy with values jittered, columns added or renamed keeps its budget; content (the digests of the whole
+source rows, every column, by name) is an advisory near-match and, without an id column, the only identity.
 """
 
 from __future__ import annotations
@@ -68,7 +69,26 @@ def load_table(spec: DatasetSpec) -> Splits:
     x = torch.from_numpy(np.stack(features, axis=1).astype(np.float32)).view(table.num_rows, 1, 1, len(features))
     y, classes = _labels(table.column(label), label, spec.classes)
     te, val, tr = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed, "dataset.test_size")
-    return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), classes, record_digests(table))
+    return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), classes, record_digests(table),
+                       record_ids=_record_ids(table, spec.id_column))
+
+
+def _record_ids(table: pa.Table, id_column: str | None) -> tuple[str, ...] | None:
+    """The declared id column's values, one per row: present, distinct (counts and values are never printed)."""
+    if id_column is None:
+        return None
+    if id_column not in table.column_names:
+        raise ConfigError("dataset.id_column", f"column {id_column!r} does not exist in the table",
+                          "name the column that identifies each record (names are case-sensitive)")
+    column = table.column(id_column)
+    if column.null_count:
+        raise ConfigError("dataset.id_column", f"column {id_column!r} has missing values",
+                          "give every record an id before loading")
+    ids = tuple(f"table/{_canonical(v)}" for v in column.to_pylist())
+    if len(set(ids)) != len(ids):
+        raise ConfigError("dataset.id_column", f"column {id_column!r} repeats an id",
+                          "give each record a distinct id (one record, one id)")
+    return ids
 
 
 def _feature(table: pa.Table, col: str, low: float, high: float) -> np.ndarray:

@@ -54,11 +54,19 @@ def load_vision(spec: DatasetSpec) -> Splits:
         test = _read(reader, root, "test", spec)
         x, y = _to_float(spec.name, train[0]), train[1]
         val, tr = split_indices(len(y), (spec.validation_size,), spec.split_seed, "dataset.validation_size")
-        return make_splits(take(x, y, tr), take(x, y, val), (_to_float(spec.name, test[0]), test[1]), train[2])
+        ids = (*_ids(spec.name, "train", len(y)), *_ids(spec.name, "test", len(test[1])))
+        return make_splits(take(x, y, tr), take(x, y, val), (_to_float(spec.name, test[0]), test[1]), train[2],
+                           record_ids=ids)
     pool = _read(reader, root, spec.split, spec)
     x, y = _to_float(spec.name, pool[0]), pool[1]
     te, val, tr = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed, "dataset.test_size")
-    return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), pool[2])
+    return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), pool[2],
+                       record_ids=_ids(spec.name, spec.split, len(y)))
+
+
+def _ids(name: str, split: str, n: int) -> tuple[str, ...]:
+    """A record's id: its index in the official split file (a copy with edited pixels is the same record)."""
+    return tuple(f"{name}/{split}/{i}" for i in range(n))
 
 
 def _read(reader: Reader, root: Path, split: str, spec: DatasetSpec) -> Raw:

@@ -3,14 +3,13 @@
 One SQLite file (mode 0600) and a curator key beside it (``<ledger>.key``, 0600). A charge is stored as a
 serialized DpEvent; totals compose the events in RDP (never add ε). ``reserve`` commits before it returns;
 ``commit``/``abort`` close a reservation; an unclosed reservation still counts (a crashed search has spent
-its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE), so concurrent reservations can
-neither be lost nor overspend.
+its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE): concurrent reservations can
+neither be lost nor overspend; schema and key set-up is one BEGIN EXCLUSIVE. What is public and what is not:
 
-What is public and what is not:
-
-* a dataset's **fingerprint** (a hash of every example) and its **per-example digests** stay here: whoever
-  knows all records but one could test candidates for the last one against an exact hash. Certificates
-  carry the dataset's random ``dataset_id`` (128 bits of OS entropy, drawn when its budget is set);
+* a budget's key, a dataset's **fingerprint** (a hash of every example), its **per-example digests** and its
+  keyed **record-id digests** (:mod:`dptune.ledger._budgets`) stay here: whoever knows all records but one
+  could test candidates for the last one against an exact hash. Certificates, ``ledger show`` and every
+  message name a budget by its label and random ``dataset_id`` (128 bits of OS entropy, drawn when it is set);
 * a charge's row id counts the charges before it: certificates carry its random ``token`` instead;
 * the key authenticates certificates (HMAC-SHA256): a certificate is bound to the ledger charges it
   claims, so an edited or borrowed one is refused by final training.
@@ -21,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets
 import sqlite3
 import stat
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,9 +37,8 @@ from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budg
 from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive
 
-__all__ = ["BudgetExceeded", "Charge", "Ledger", "event_sha256"]
+__all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_sha256"]
 
-SAME_DATASET_SHARE = 0.9  # a dataset sharing >= 90 % of its examples with a budgeted one is that dataset
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
@@ -61,8 +60,16 @@ CREATE TABLE IF NOT EXISTS charges (
 );
 """
 # columns added after the first release of the schema (older ledgers are upgraded in place)
-_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB")),
-          "charges": (("token", "TEXT"), ("event_sha256", "TEXT"))}
+_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER"), ("ids", "BLOB")),
+          "charges": (("token", "TEXT"), ("event_sha256", "TEXT"), ("group_id", "INTEGER"))}
+
+
+def default_ledger_path() -> Path:
+    """The per-user ledger of every CLI and the API, absolute whatever the working directory (a relative one let
+    a search started elsewhere open a fresh budget): ``$XDG_DATA_HOME`` if absolute, else ``~/.local/share``."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "dptune" / "ledger.sqlite"
 
 
 class BudgetExceeded(ConfigError):
@@ -90,28 +97,62 @@ class Charge:
 def _private_file(path: Path, create: bool) -> None:
     """Owner-only (0600) from the first byte; an existing file is tightened to 0600."""
     if create and not path.exists():
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        with suppress(FileExistsError):  # another process created it first
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     if path.exists() and stat.S_IMODE(path.stat().st_mode) != 0o600:
         os.chmod(path, 0o600)
 
 
 class Ledger:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path | None = None) -> None:
+        # absolute from here on: what state.json records, what every charge prints, what a resume compares
+        self.path = Path(path if path is not None else default_ledger_path()).expanduser().resolve()
         if self.path.exists() and self.path.is_dir():
-            raise ConfigError("--ledger", f"{str(self.path)!r} is a directory", "give a file path, e.g. runs/ledger.sqlite")
+            raise ConfigError("--ledger", f"{str(self.path)!r} is a directory", "give a file path, e.g. ~/.local/share/dptune/ledger.sqlite")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
         self.key_path = self.path.with_name(self.path.name + ".key")
-        if not self.key_path.exists():
-            fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # schema, upgrades and the key under one exclusive lock: two processes opening a new ledger at once
+        # would otherwise both add the same column (or both write a key); a set-up ledger is only read
+        if self.key_path.exists() and self._set_up():
+            _private_file(self.key_path, create=False)
+            return
+        with self._write(exclusive=True) as con:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    con.execute(statement)
+            self._upgrade(con)
+            if not self.key_path.exists():
+                self._new_key(con)
+        _private_file(self.key_path, create=False)
+
+    def _new_key(self, con: sqlite3.Connection) -> None:
+        """A fresh 256-bit key, only for a ledger without charges: a new key would orphan every certificate."""
+        (n,) = con.execute("SELECT COUNT(*) FROM charges").fetchone()
+        if n:
+            raise ConfigError("--ledger", f"the curator key {str(self.key_path)!r} is missing, but the ledger holds "
+                              f"{n} charges whose certificates it authenticates",
+                              f"restore {self.key_path.name} from your backup beside the ledger (a new key would "
+                              "invalidate every certificate); nothing was changed")
+        tmp = self.key_path.with_name(f"{self.key_path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32))  # 256-bit curator key for certificate MACs
-        _private_file(self.key_path, create=False)
-        con = self._connect()
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, self.key_path)  # appears complete or not at all
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _set_up(self) -> bool:  # every table and column of the current schema is there (read only)
+        con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         try:
-            con.executescript(_SCHEMA)
-            self._upgrade(con)
+            for table in ("budgets", "charges"):
+                have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+                if not have or any(name not in have for name, _ in _ADDED[table]):
+                    return False
+            return True
         finally:
             con.close()
 
@@ -130,15 +171,24 @@ class Ledger:
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        con.execute("PRAGMA journal_mode=WAL")
+        deadline = time.monotonic() + 60
+        while True:  # switching a new file to WAL answers "locked" at once (no busy wait) while another holds it
+            try:
+                con.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    con.close()
+                    raise
+                time.sleep(0.01 + 0.04 * secrets.randbelow(100) / 100)
         con.execute("PRAGMA synchronous=FULL")  # durable at COMMIT: a reservation survives a crash
         return con
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, exclusive: bool = False) -> Iterator[sqlite3.Connection]:
         con = self._connect()
         try:
-            con.execute("BEGIN IMMEDIATE")
+            con.execute("BEGIN EXCLUSIVE" if exclusive else "BEGIN IMMEDIATE")
             try:
                 yield con
             except BaseException:
@@ -167,19 +217,43 @@ class Ledger:
     # --- budgets -------------------------------------------------------------------------------------
 
     def set_budget(self, fingerprint: str, epsilon: float, delta: float, label: str = "",
-                   digests: Sequence[bytes] | None = None) -> None:
-        _check_budget(epsilon, delta)
+                   digests: Sequence[bytes] | None = None, n: int | None = None,
+                   ids: Sequence[bytes] | None = None) -> None:
+        """Open or change the budget keyed ``fingerprint``; ``n`` records (default: of ``digests``): δ < 1/n."""
+        n = n if n is not None else (len(digests) if digests is not None else None)
         blob = b"".join(sorted(digests)) if digests is not None else None
+        id_blob = b"".join(sorted(ids)) if ids is not None else None
         with self._write() as con:
+            row = con.execute("SELECT records FROM budgets WHERE fingerprint=?", (fingerprint,)).fetchone()
+            _check_budget(epsilon, delta, n if n is not None else (row[0] if row else None))
             eps_spent = composed_epsilon(self._spent(con, fingerprint), delta)
             if eps_spent > epsilon:
                 raise BudgetExceeded("--epsilon", f"{eps_spent:.4g} has already been spent on this dataset",
                                      f"choose a budget >= {eps_spent:.4g}")
-            con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
-                        "epsilon=excluded.epsilon, delta=excluded.delta, label=excluded.label, "
-                        "digests=COALESCE(excluded.digests, budgets.digests)",
-                        (fingerprint, float(epsilon), float(delta), label, time.time(), secrets.token_hex(16), blob))
+            con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests, records, "
+                        "ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
+                        "epsilon=excluded.epsilon, delta=excluded.delta, label=COALESCE(excluded.label, budgets.label), "
+                        "digests=COALESCE(excluded.digests, budgets.digests), "
+                        "records=COALESCE(excluded.records, budgets.records), ids=COALESCE(excluded.ids, budgets.ids)",
+                        (fingerprint, float(epsilon), float(delta), label or None, time.time(), secrets.token_hex(16),
+                         blob, n, id_blob))
+
+    def budget_key(self, dataset_id: str) -> str:
+        """The key of the budget with this public ``dataset_id``; ConfigError if none (no phantom budget)."""
+        rows = self._read("SELECT fingerprint FROM budgets WHERE dataset_id=? OR fingerprint=?",
+                          (str(dataset_id), str(dataset_id)))
+        if not rows:
+            raise ConfigError("--dataset-id", f"no budget in {self.path} has the id {str(dataset_id)[:40]!r}",
+                              f"give a dataset id that `python -m dptune.ledger show --ledger {self.path}` lists "
+                              "(a new dataset's budget is opened with `python -m dptune.ledger new-budget`)")
+        return str(rows[0][0])
+
+    def label(self, fingerprint: str, with_id: bool = True) -> str:
+        """What a budget is called on the terminal: its label and public random id, never its key."""
+        rows = self._read("SELECT label, dataset_id FROM budgets WHERE fingerprint=?", (fingerprint,))
+        if not rows:
+            return "a dataset without a budget"
+        return f"{rows[0][0] or 'dataset'}" + (f" (id {rows[0][1]})" if with_id else "")
 
     def budget(self, fingerprint: str) -> tuple[float, float] | None:
         rows = self._read("SELECT epsilon, delta FROM budgets WHERE fingerprint=?", (fingerprint,))
@@ -189,28 +263,13 @@ class Ledger:
         """The dataset's public id: random, not a function of the data."""
         rows = self._read("SELECT dataset_id FROM budgets WHERE fingerprint=?", (fingerprint,))
         if not rows:
-            raise ConfigError("budget", f"no privacy budget is set for dataset {fingerprint[:12]}",
-                              "set one with --budget-epsilon or python -m dptune.ledger set-budget")
+            raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
+                              "open one with --budget-epsilon or python -m dptune.ledger new-budget")
         return str(rows[0][0])
 
     def fingerprint_of(self, dataset_id: str) -> str | None:
         rows = self._read("SELECT fingerprint FROM budgets WHERE dataset_id=?", (dataset_id,))
         return str(rows[0][0]) if rows else None
-
-    def same_dataset(self, fingerprint: str, digests: Sequence[bytes]) -> tuple[str, float] | None:
-        """A budgeted dataset that is (nearly) this one: the same fingerprint, or one sharing at least
-        ``SAME_DATASET_SHARE`` of either dataset's examples (a near-copy must not open a fresh budget).
-        Returns (its fingerprint, the shared share)."""
-        if self.budget(fingerprint) is not None:
-            return fingerprint, 1.0
-        mine = set(digests)
-        best: tuple[str, float] | None = None
-        for fp, blob in self._read("SELECT fingerprint, digests FROM budgets WHERE digests IS NOT NULL"):
-            theirs = {bytes(blob[i:i + 32]) for i in range(0, len(blob), 32)}
-            shared = len(mine & theirs) / max(1, min(len(mine), len(theirs)))
-            if shared >= SAME_DATASET_SHARE and (best is None or shared > best[1]):
-                best = (str(fp), shared)
-        return best
 
     # --- charges -------------------------------------------------------------------------------------
 
@@ -221,34 +280,60 @@ class Ledger:
                            (fingerprint,)).fetchall()
         return [event_from_json(json.loads(text)) for (text,) in rows]
 
-    def reserve(self, fingerprint: str, name: str, event: de.DpEvent) -> int:
-        """Store the charge durably (committed) and return its id; refuse if over budget (stores nothing)."""
+    def reserve(self, fingerprint: str | Sequence[str], name: str, event: de.DpEvent, n: int | None = None) -> int:
+        """Store the charge durably (committed) and return its id; refuse if over budget (stores nothing).
+        ``fingerprint``: the budget's key, or the keys of every budget the data overlaps: each is charged the
+        event, all or none, in one transaction; the first's charge is returned (what a certificate binds),
+        and closing it closes the others. ``n``: the number of examples the charged run protects (each
+        budget's δ must be below 1/n)."""
+        keys = [fingerprint] if isinstance(fingerprint, str) else list(dict.fromkeys(fingerprint))
+        if not keys:
+            raise ValueError("reserve needs at least one budget")
         text = json.dumps(event_to_json(event))  # refuses an event dptune cannot store, before the lock
         with self._write() as con:
-            row = con.execute("SELECT epsilon, delta FROM budgets WHERE fingerprint=?", (fingerprint,)).fetchone()
-            if row is None:
-                raise ConfigError("budget", f"no privacy budget is set for dataset {fingerprint[:12]}",
-                                  f"set one: python -m dptune.ledger set-budget --ledger {self.path} "
-                                  f"--fingerprint {fingerprint} --epsilon E --delta D (or pass --budget-epsilon)")
-            budget_eps, budget_delta = float(row[0]), float(row[1])
-            spent = self._spent(con, fingerprint)
-            total_eps = composed_epsilon([*spent, event], budget_delta)
-            if total_eps > budget_eps:
-                spent_eps = composed_epsilon(spent, budget_delta)
-                raise BudgetExceeded(
-                    "budget",
-                    f"this charge would bring dataset {fingerprint[:12]} to ε = {total_eps:.4g} (δ = {budget_delta:g}), "
-                    f"over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
-                    "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
-                    "noise) or raise the budget with `python -m dptune.ledger set-budget`",
-                )
-            eps_alone = composed_epsilon([event], budget_delta)
-            cur = con.execute(
-                "INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256) "
-                "VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?)",
-                (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event)))
-            assert cur.lastrowid is not None
-            return int(cur.lastrowid)
+            first: int | None = None
+            for key in keys:
+                row_id = self._reserve_one(con, key, name, event, text, n, group=first)
+                first = row_id if first is None else first
+            assert first is not None
+            return first
+
+    def _reserve_one(self, con: sqlite3.Connection, fingerprint: str, name: str, event: de.DpEvent, text: str,
+                     n: int | None, group: int | None) -> int:
+        """One budget's checks and charge row, inside the caller's transaction."""
+        row = con.execute("SELECT epsilon, delta, label, dataset_id, records FROM budgets WHERE fingerprint=?",
+                          (fingerprint,)).fetchone()
+        if row is None:
+            raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
+                              f"open one: python -m dptune.ledger new-budget --ledger {self.path} --space SPACE "
+                              "--epsilon E --delta D (or pass --budget-epsilon)")
+        budget_eps, budget_delta = float(row[0]), float(row[1])
+        name_of = f"{row[2] or 'dataset'} (id {row[3]})"
+        smallest_n = min(x for x in (n, row[4], math.inf) if x is not None)
+        if math.isfinite(smallest_n) and budget_delta >= 1.0 / smallest_n:
+            raise BudgetExceeded(
+                "budget.delta", f"the budget of {name_of} has δ = {budget_delta:g}, not below 1/n = "
+                f"{1.0 / smallest_n:.3g}: a mechanism that publishes a random example in the clear meets it",
+                f"lower it: python -m dptune.ledger set-budget --ledger {self.path} --dataset-id {row[3]} "
+                f"--epsilon {budget_eps:g} --delta {10 ** math.floor(math.log10(0.1 / smallest_n)):g}")
+        spent = self._spent(con, fingerprint)
+        total_eps = composed_epsilon([*spent, event], budget_delta)
+        if total_eps > budget_eps:
+            spent_eps = composed_epsilon(spent, budget_delta)
+            raise BudgetExceeded(
+                "budget",
+                f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
+                f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
+                "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
+                "noise) or raise the budget with `python -m dptune.ledger set-budget`",
+            )
+        eps_alone = composed_epsilon([event], budget_delta)
+        cur = con.execute(
+            "INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256, "
+            "group_id) VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?, ?)",
+            (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event), group))
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
 
     def _close(self, charge_id: int, status: str) -> None:
         with self._write() as con:
@@ -259,7 +344,9 @@ class Ledger:
                 if row[0] == status:
                     return  # idempotent (a resumed search commits once)
                 raise ValueError(f"charge {charge_id} is already {row[0]}")
-            con.execute("UPDATE charges SET status=?, closed=? WHERE id=?", (status, time.time(), charge_id))
+            # the charges the same reservation made on the other budgets the data overlaps close with it
+            con.execute("UPDATE charges SET status=?, closed=? WHERE id=? OR group_id=?",
+                        (status, time.time(), charge_id, charge_id))
 
     def commit(self, charge_id: int) -> None:
         self._close(charge_id, "committed")
@@ -306,6 +393,7 @@ class Ledger:
         return sorted(r[0] for r in rows)
 
 
-def _check_budget(epsilon: float, delta: float) -> None:
+def _check_budget(epsilon: float, delta: float, n: int | None) -> None:
+    """ε > 0; δ in (0, 1) and below 1/n when n is known (δ ≥ 1/n admits publishing a random example)."""
     check_positive("--epsilon", epsilon, "choose a total budget, e.g. 8")
-    check_delta("--delta", delta)
+    check_delta("--delta", delta, n)
