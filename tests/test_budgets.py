@@ -241,7 +241,7 @@ def test_imagefolder_records_are_their_paths(tmp_path: Path) -> None:
                 for i in range(n):
                     px = np.random.default_rng([len(split), len(c), i]).integers(0, 255, (8, 8, 3))
                     Image.fromarray((px + shift).astype(np.uint8)).save(root / split / c / f"{i}.png")
-    spec = {"name": "imagefolder", "validation_size": 4, "test_size": 4}
+    spec = {"name": "imagefolder", "validation_size": 4, "test_size": 4, "classes": ["cat", "dog"]}
     a = load_dataset(DatasetSpec(path=str(tmp_path / "orig"), **spec))
     b = load_dataset(DatasetSpec(path=str(tmp_path / "copy"), **spec))
     assert a.record_ids is not None and len(a.record_ids) == 2 * (12 + 4) == len(set(a.record_ids))

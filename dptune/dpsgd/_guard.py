@@ -15,7 +15,7 @@ On a throwaway float64 copy (seed-0 init), with noise σ = 0 and a clip norm C b
 dataset's shape from a fixed generator (no data is read; the guard's answer is a function of the config alone):
 
 1. reference: each example alone through plain autograd (its augmented views as a batch of their own, the
-   trainer's mean over views), clipped by hand: ``clip(r_i) = r_i · min(1, C / (‖r_i‖ + 1e-6))`` (Opacus' factor);
+   trainer's mean over views; the batch holds them twice, see ``_reference``), clipped by hand: ``clip(r_i) = r_i · min(1, C / (‖r_i‖ + 1e-6))`` (Opacus' factor);
 2. the engine: the clipped sum S(B) the optimizer adds its noise to (``p.summed_grad`` after ``pre_step``) for
    the physical batch B (3 examples padded by a zero row to 4, as the trainer pads), and S(B ∖ {j}) for each j;
 3. checks: ‖S(B) − Σ_i clip(r_i)‖ <= TOL·C (each example contributes its own clipped gradient: additivity), and
@@ -87,13 +87,17 @@ Build = Callable[[], nn.Module]  # a fresh float64 copy of the model, same weigh
 
 
 def _reference(build: Build, x: torch.Tensor, y: torch.Tensor, views: int) -> list[list[torch.Tensor]]:
-    """Each example alone through plain autograd: the gradient of the mean loss over its views."""
+    """Each example alone through plain autograd: the gradient of the mean loss over its views. The example
+    goes in twice (the mean over two identical copies has the same gradient for a model that treats examples
+    separately): PyTorch refuses some batches of one outright (GroupNorm with one channel per group and no
+    spatial dims checks its batch as BatchNorm would), although nothing crosses examples there."""
     out = []
     for i in range(len(y)):
         m = build()
         params = [p for p in m.parameters() if p.requires_grad]
         try:
-            loss = F.cross_entropy(m(x[i * views:(i + 1) * views]), y[i].repeat(views))
+            xi = x[i * views:(i + 1) * views]
+            loss = F.cross_entropy(m(torch.cat([xi, xi])), y[i].repeat(2 * views))
             grads = torch.autograd.grad(loss, params, allow_unused=True)
         except Exception as e:
             raise _Unfit(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
