@@ -14,6 +14,7 @@ from dptune.accounting._amplify import check_fraction
 from dptune.accounting._calibrate import calibrate_tight
 from dptune.accounting._catalogue import alternative_rules, stopping_rule
 from dptune.accounting._events import NoisyMaxDpEvent, WorstCaseDpEvent, trial_event, with_selection
+from dptune.accounting._pld import pld_epsilon
 from dptune.accounting._rdp import rdp_epsilon
 from dptune.accounting._rules import StoppingRule
 from dptune.accounting._subsample import subsampled_search_event
@@ -182,7 +183,7 @@ def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
 
     lo, hi = SIGMA_FLOOR_RANGE
     delta = space.privacy.delta
-    return calibrate_tight(lambda s: epsilon(search(s), delta), upper_cost=lambda s: rdp_epsilon(search(s), delta),
+    return calibrate_tight(lambda s: pld_epsilon(search(s), delta), upper_cost=lambda s: rdp_epsilon(search(s), delta),
                            target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
 
 
