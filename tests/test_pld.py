@@ -234,3 +234,11 @@ def test_ledger_totals_compose_with_the_same_bound(tmp_path: Path) -> None:
     assert spent == pytest.approx(A.epsilon([run, run], DELTA), rel=1e-12)
     assert spent < A.rdp_epsilon([run, run], DELTA) and spent < 2 * A.epsilon([run], DELTA)  # composed, not added
     assert spent == pytest.approx(_pld_oracle([_sgd(0.01, 1.1, 2000)]), rel=0.01)
+
+
+def test_degenerate_events_are_left_to_rdp() -> None:
+    """σ = 0 (no privacy), q = 0 and no events at all: the PLD does not claim them; RDP's answer stands."""
+    assert A.certify([de.GaussianDpEvent(0.0)], DELTA) == A.Bound(epsilon=math.inf, delta=DELTA, accountant="rdp")
+    assert A.certify([], DELTA).epsilon == 0.0
+    assert A.pld_of(de.PoissonSampledDpEvent(0.0, de.GaussianDpEvent(1.0))) is None
+    assert A.pld_of(A.NoisyMaxDpEvent(0.0)) is None

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,7 +45,7 @@ __all__ = ["VALUE_DISCRETIZATION_INTERVAL", "has_pld", "noisy_max_pld", "pld_eps
 VALUE_DISCRETIZATION_INTERVAL = 1e-3
 
 
-def _pld_module():  # type: ignore[no-untyped-def]
+def _pld_module() -> types.ModuleType:
     # imported on first use: it pulls in scipy.signal (≈ 1.3 s), which a planner start without PLD skips
     from dp_accounting.pld import privacy_loss_distribution
 
@@ -52,10 +54,15 @@ def _pld_module():  # type: ignore[no-untyped-def]
 
 def has_pld(event: de.DpEvent) -> bool:
     """Whether :func:`pld_of` can represent ``event`` (a cheap walk of the tree, no PLD is built)."""
-    if isinstance(event, de.NoOpDpEvent | de.GaussianDpEvent | NoisyMaxDpEvent):
+    if isinstance(event, de.NoOpDpEvent):
         return True
+    if isinstance(event, de.GaussianDpEvent):
+        return _positive(event.noise_multiplier)  # σ = 0 (no privacy) is left to RDP's ε = ∞
+    if isinstance(event, NoisyMaxDpEvent):
+        return _positive(event.gumbel_scale)
     if isinstance(event, de.PoissonSampledDpEvent):
-        return isinstance(event.event, de.GaussianDpEvent)
+        return (isinstance(event.event, de.GaussianDpEvent) and _positive(event.event.noise_multiplier)
+                and 0 < event.sampling_probability <= 1)
     if isinstance(event, de.SelfComposedDpEvent):
         return has_pld(event.event)
     if isinstance(event, de.ComposedDpEvent):
@@ -63,6 +70,10 @@ def has_pld(event: de.DpEvent) -> bool:
     if isinstance(event, WorstCaseDpEvent):
         return len(set(map(_key, event.events))) == 1 and has_pld(event.events[0])
     return False
+
+
+def _positive(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x > 0
 
 
 def _key(event: de.DpEvent) -> str:
