@@ -38,6 +38,7 @@ _FORBIDDEN = {"k", "K", "num_trials_drawn", "trials_drawn", "trials_run"}
 _ACCOUNTANT_TEXT = {  # per ``bound``; "rdp" is the text certificates had before ``bound`` existed
     "rdp": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
     "pld": "PLD (dp_accounting, pessimistic), composed over events; the noisy max as pure (1/beta)-DP",
+    "rdp+pld": "RDP part (Papernot-Steinke random stopping) as a privacy profile, convolved with the PLD of the rest",
 }
 
 

@@ -242,3 +242,40 @@ def test_degenerate_events_are_left_to_rdp() -> None:
     assert A.certify([], DELTA).epsilon == 0.0
     assert A.pld_of(de.PoissonSampledDpEvent(0.0, de.GaussianDpEvent(1.0))) is None
     assert A.pld_of(A.NoisyMaxDpEvent(0.0)) is None
+
+
+# --- RDP part ⊗ PLD part (final training after random stopping) -----------------------------------------
+
+
+def test_rdp_pld_bound_is_exact_for_a_free_rdp_part_and_above_the_truth() -> None:
+    """With an RDP part that costs nothing the bound is the PLD part's own ε; with a Gaussian as the RDP part it
+    lies between the (near-exact) PLD of both and RDP of both — never below the truth."""
+    from dptune.accounting._mixed import rdp_pld_epsilon
+
+    sgd = A.trial_event(noise_multiplier=1.1, sampling_rate=0.01, steps=1000, score_noise=None)
+    pld = A.pld_of(sgd)
+    assert rdp_pld_epsilon(np.zeros_like(A.ORDERS), pld, DELTA) == pytest.approx(A.pld_epsilon([sgd], DELTA), abs=2e-3)
+    for sigma in (2.0, 5.0):
+        g = de.GaussianDpEvent(sigma)
+        mixed = rdp_pld_epsilon(A.rdp_of(g), pld, DELTA)
+        assert _pld_oracle([_sgd(0.01, 1.1, 1000), g]) <= mixed < A.rdp_epsilon([g, sgd], DELTA)
+
+
+def test_final_training_after_random_stopping_is_charged_rdp_pld_and_calibrates_less_noise() -> None:
+    search = A.stopping_rule("poisson", mean=2).search_event(
+        A.trial_event(noise_multiplier=2.0, sampling_rate=128 / 1257, steps=148, score_noise=9.0))
+    q, steps, target = 128 / 1437, 169, 8.0
+    sigma = A.calibrate_noise_multiplier([search], sampling_rate=q, steps=steps, delta=DELTA, target_epsilon=target)
+
+    def run(s: float) -> list[de.DpEvent]:
+        return [search, A.trial_event(noise_multiplier=s, sampling_rate=q, steps=steps, score_noise=None)]
+
+    bound = A.certify(run(sigma), DELTA)
+    assert bound.accountant == "rdp+pld" and bound.epsilon <= target < A.epsilon(run(sigma * (1 - 2e-3)), DELTA)
+    assert bound.epsilon < A.rdp_epsilon(run(sigma), DELTA)
+    rdp_sigma = A.calibrate_sigma(lambda s: A.rdp_epsilon(run(s), DELTA), target_epsilon=target, lo=1e-3, hi=1e6,
+                                  rel_tol=2e-3)
+    assert rdp_sigma is not None and sigma < 0.97 * rdp_sigma
+    # a composition without a PLD part, or without an RDP part, is not this accountant's
+    assert A.accountant("rdp+pld").epsilon([search], delta=DELTA) is None
+    assert A.accountant("rdp+pld").epsilon(run(sigma)[1:], delta=DELTA) is None

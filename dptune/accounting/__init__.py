@@ -9,7 +9,7 @@ accountant); stopping rules are the subclasses of :class:`StoppingRule` named in
 
 Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
 ``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the RDP interpreter); ``_pld`` (the
-PLD interpreter); ``_accountant`` (the interface and the minimum); ``_rules``;
+PLD interpreter); ``_mixed`` (RDP part ⊗ PLD part); ``_accountant`` (the interface and the minimum); ``_rules``;
 ``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``; ``_scaled``.
 """
 
@@ -19,7 +19,15 @@ _lazy.install()  # before anything imports dp_accounting: its PLD modules load o
 
 # ruff: noqa: E402
 
-from dptune.accounting._accountant import ACCOUNTANTS, Accountant, Bound, accountant, certify, epsilon
+from dptune.accounting._accountant import (
+    ACCOUNTANTS,
+    Accountant,
+    Bound,
+    accountant,
+    certify,
+    epsilon,
+    tight_epsilon,
+)
 from dptune.accounting._advice import Advice, Candidate, advise
 from dptune.accounting._amplify import poisson_subsampled_rdp
 from dptune.accounting._calibrate import calibrate_noise_multiplier, calibrate_sigma, calibrate_tight
@@ -108,6 +116,7 @@ __all__ = [
     "stopping_rule",
     "subsampled_search_event",
     "tnb_gamma",
+    "tight_epsilon",
     "tnb_mean",
     "transfer_config",
     "trial_event",

@@ -1,12 +1,14 @@
 """One accountant interface, two accountants behind it, and the bound dptune charges: the smaller of them.
 
 An :class:`Accountant` turns a sequence of events (run one after another, any of them adaptively chosen)
-into ε at δ for the *whole* composed mechanism, or says it cannot (None). Two are catalogued:
+into ε at δ for the *whole* composed mechanism, or says it cannot (None). Three are catalogued:
 
 * ``rdp`` (:class:`RdpAccountant`): Rényi DP, every event dptune writes (``_rdp``): composition adds
   curves (Mironov 2017), random stopping is Papernot & Steinke (2022), then one conversion (Balle et al. 2020);
 * ``pld`` (:class:`PldAccountant`): privacy-loss distributions (``_pld``; dp_accounting's pessimistic PLD),
-  for compositions of Gaussian, Poisson-subsampled Gaussian and score/selection releases — tight for DP-SGD.
+  for compositions of Gaussian, Poisson-subsampled Gaussian and score/selection releases — tight for DP-SGD;
+* ``rdp+pld`` (:class:`MixedAccountant`): a composition of both kinds (``_mixed``), e.g. final training after
+  a random-stopping search: the RDP part's privacy profile convolved with the PLD part's loss distribution.
 
 Each is a valid (ε, δ) upper bound for the same composed mechanism at the same δ, so their minimum is too
 (the mechanism is (ε₁, δ)-DP and (ε₂, δ)-DP, hence (min, δ)-DP). :func:`certify` returns that minimum and the
@@ -24,11 +26,12 @@ from typing import ClassVar
 
 from dp_accounting import dp_event as de
 
+from dptune.accounting._mixed import mixed_epsilon
 from dptune.accounting._pld import has_pld, pld_epsilon
 from dptune.accounting._rdp import rdp_epsilon
 
-__all__ = ["ACCOUNTANTS", "Accountant", "Bound", "PldAccountant", "RdpAccountant", "accountant", "certify",
-           "epsilon"]
+__all__ = ["ACCOUNTANTS", "Accountant", "Bound", "MixedAccountant", "PldAccountant", "RdpAccountant", "accountant",
+           "certify", "epsilon", "tight_epsilon"]
 
 
 class Accountant(abc.ABC):
@@ -71,7 +74,21 @@ class PldAccountant(Accountant):
         return pld_epsilon(events, delta)
 
 
-ACCOUNTANTS: Mapping[str, Accountant] = MappingProxyType({a.name: a for a in (RdpAccountant(), PldAccountant())})
+class MixedAccountant(Accountant):
+    """A composition with parts that have a PLD and parts that have only RDP (``_mixed``: the RDP part's
+    profile convolved with the PLD part's loss distribution), e.g. final training after random stopping."""
+
+    name: ClassVar[str] = "rdp+pld"
+
+    def can_account(self, event: de.DpEvent) -> bool:
+        return True  # every event is in one part or the other; epsilon() says None unless both parts exist
+
+    def epsilon(self, events: Sequence[de.DpEvent], *, delta: float) -> float | None:
+        return mixed_epsilon(events, delta)
+
+
+ACCOUNTANTS: Mapping[str, Accountant] = MappingProxyType(
+    {a.name: a for a in (RdpAccountant(), PldAccountant(), MixedAccountant())})
 
 
 def accountant(name: str) -> Accountant:
@@ -106,6 +123,15 @@ def certify(events: Sequence[de.DpEvent], delta: float) -> Bound:
             best = Bound(epsilon=float(eps), delta=float(delta), accountant=acc.name)
     assert best is not None  # RDP accounts for every dptune event
     return best
+
+
+def tight_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:
+    """The smallest bound other than RDP's (None if no other accountant has one): calibration's slow,
+    tight cost beside RDP's fast one (``_calibrate.calibrate_tight``)."""
+    found = [a.epsilon(list(events), delta=delta) for a in ACCOUNTANTS.values()
+             if a.name != RdpAccountant.name and all(a.can_account(e) for e in events)]
+    values = [e for e in found if e is not None]
+    return min(values) if values else None
 
 
 def epsilon(events: Sequence[de.DpEvent], delta: float) -> float:

@@ -11,8 +11,9 @@ RDP at every order, Mironov, Talwar & Zhang 2019; its PLD is a post-processing o
 their minimum does too.
 
 :func:`calibrate_tight` keeps that fast: it first calibrates on the RDP bound alone (an upper bound of the
-minimum, so its σ fits), then searches below that σ on the PLD alone (where RDP no longer fits, the minimum
-fits exactly when the PLD does), so each σ costs one bound, not two.
+minimum, so its σ fits), then searches below that σ on the other bounds alone (``tight_epsilon``: PLD, or
+RDP ⊗ PLD after a random-stopping search; where RDP no longer fits, the minimum fits exactly when they do),
+so each σ costs one bound, not two.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from collections.abc import Callable, Sequence
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting._accountant import epsilon
+from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._events import trial_event
-from dptune.accounting._pld import pld_epsilon
 from dptune.accounting._rdp import rdp_epsilon
 from dptune.errors import ConfigError, check_delta, check_positive
 
@@ -126,7 +126,7 @@ def calibrate_noise_multiplier(prior_events: Sequence[de.DpEvent], *, sampling_r
         return [*prior, trial_event(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps,
                                     score_noise=score_noise)]
 
-    sigma = calibrate_tight(lambda s: pld_epsilon(events(s), delta), upper_cost=lambda s: rdp_epsilon(events(s), delta),
+    sigma = calibrate_tight(lambda s: tight_epsilon(events(s), delta), upper_cost=lambda s: rdp_epsilon(events(s), delta),
                             target_epsilon=target_epsilon, lo=SIGMA_MIN, hi=SIGMA_MAX, rel_tol=REL_TOL)
     if sigma is None:
         prior_eps = epsilon(prior, delta)

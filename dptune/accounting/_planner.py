@@ -9,12 +9,11 @@ import optuna.distributions as od
 from dp_accounting import dp_event as de
 
 from dptune._params import sampling_rate, trial_steps
-from dptune.accounting._accountant import epsilon
+from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._amplify import check_fraction
 from dptune.accounting._calibrate import calibrate_tight
 from dptune.accounting._catalogue import alternative_rules, stopping_rule
 from dptune.accounting._events import NoisyMaxDpEvent, WorstCaseDpEvent, trial_event, with_selection
-from dptune.accounting._pld import pld_epsilon
 from dptune.accounting._rdp import rdp_epsilon
 from dptune.accounting._rules import StoppingRule
 from dptune.accounting._subsample import subsampled_search_event
@@ -183,7 +182,7 @@ def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
 
     lo, hi = SIGMA_FLOOR_RANGE
     delta = space.privacy.delta
-    return calibrate_tight(lambda s: pld_epsilon(search(s), delta), upper_cost=lambda s: rdp_epsilon(search(s), delta),
+    return calibrate_tight(lambda s: tight_epsilon(search(s), delta), upper_cost=lambda s: rdp_epsilon(search(s), delta),
                            target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
 
 

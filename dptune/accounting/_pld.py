@@ -40,12 +40,13 @@ from dptune.accounting._events import NoisyMaxDpEvent, WorstCaseDpEvent, event_f
 if TYPE_CHECKING:
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-__all__ = ["VALUE_DISCRETIZATION_INTERVAL", "has_pld", "noisy_max_pld", "pld_epsilon", "pld_of"]
+__all__ = ["VALUE_DISCRETIZATION_INTERVAL", "has_pld", "noisy_max_pld", "pld_epsilon", "pld_module", "pld_of"]
 
 VALUE_DISCRETIZATION_INTERVAL = 1e-3
 
 
-def _pld_module() -> types.ModuleType:
+def pld_module() -> types.ModuleType:
+    """dp_accounting's PLD module, imported on first use."""
     # imported on first use: it pulls in scipy.signal (≈ 1.3 s), which a planner start without PLD skips
     from dp_accounting.pld import privacy_loss_distribution
 
@@ -87,7 +88,7 @@ def noisy_max_pld(*, gumbel_scale: float,
     beta = float(gumbel_scale)
     if not (beta > 0 and beta != float("inf")):
         raise ValueError(f"NoisyMaxDpEvent: gumbel_scale {beta!r} is not a positive number")
-    pld = _pld_module()
+    pld = pld_module()
     from dp_accounting.pld.common import DifferentialPrivacyParameters
 
     return pld.from_privacy_parameters(DifferentialPrivacyParameters(1.0 / beta, 0.0),
@@ -101,7 +102,7 @@ def _pld_cached(key: str, vdi: float) -> PrivacyLossDistribution:
 
 def _build(event: de.DpEvent, vdi: float, count: int = 1) -> PrivacyLossDistribution:
     """PLD of ``count`` runs of ``event`` (which :func:`has_pld` accepted)."""
-    pld = _pld_module()
+    pld = pld_module()
     if isinstance(event, de.NoOpDpEvent):
         return pld.identity(value_discretization_interval=vdi)
     if isinstance(event, de.GaussianDpEvent):
@@ -143,7 +144,7 @@ def pld_epsilon(events: Sequence[de.DpEvent], delta: float, *,
         raise TypeError("pld_epsilon() takes a sequence of events: pass [event] for one")
     if not all(has_pld(e) for e in events):
         return None
-    pld = _pld_module()
+    pld = pld_module()
     total = pld.identity(value_discretization_interval=value_discretization_interval)
     for e in events:
         one = pld_of(e, value_discretization_interval=value_discretization_interval)
