@@ -279,3 +279,17 @@ def test_final_training_after_random_stopping_is_charged_rdp_pld_and_calibrates_
     # a composition without a PLD part, or without an RDP part, is not this accountant's
     assert A.accountant("rdp+pld").epsilon([search], delta=DELTA) is None
     assert A.accountant("rdp+pld").epsilon(run(sigma)[1:], delta=DELTA) is None
+
+
+@pytest.mark.parametrize("sigma", [0.7, 2.0])
+def test_pessimistic_gaussian_pld_dominates_at_negative_epsilon_too(sigma: float) -> None:
+    """Step 2 of ``_mixed``'s proof: the PLD dptune composes is a dominating pair for every α = e^ε, ε real —
+    checked against the Gaussian's exact curve Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2), μ = 1/σ."""
+    from scipy.stats import norm
+
+    pld = A.pld_of(de.GaussianDpEvent(sigma))
+    assert pld is not None
+    mu = 1 / sigma
+    for eps in np.linspace(-3.0, 2.0, 21):
+        exact = norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+        assert pld.get_delta_for_epsilon(float(eps)) >= exact - 1e-12
