@@ -303,7 +303,7 @@ def _print_result(result: Any, cert: Certificate, composed: Certificate, train_e
                   sealed: Path) -> None:
     print(f"  test accuracy: {result.test_accuracy:.4f} ({TEST_NOTE})")
     print(f"  privacy: search epsilon = {cert.epsilon:.4f}, final training epsilon = {train_eps:.4f} alone, "
-          f"total epsilon = {composed.epsilon:.4f} (RDP composition; the sum would be "
+          f"total epsilon = {composed.epsilon:.4f} ({composed.bound.upper()} composition; the sum would be "
           f"{cert.epsilon + train_eps:.4f}), delta = {cert.delta:g}")
     print(f"  files: {out}/model.pt, {out}/metrics.json, {out}/certificate.json (shareable); "
           f"seed and run record sealed in {sealed}")

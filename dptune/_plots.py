@@ -166,7 +166,7 @@ def score_figure(trials: Sequence[Mapping[str, Any]], params: Sequence[str]) -> 
 
 def ledger_figure(series: Mapping[str, Sequence[tuple[float, float]]],
                   budgets: Mapping[str, float | None] | None = None) -> bytes:
-    """PNG of cumulative ε (RDP composition) after each charge, per dataset.
+    """PNG of cumulative ε (composed, never added) after each charge, per dataset.
 
     ``series``: ``{dataset label: [(created unix time, cumulative ε), ...]}`` in order of creation.
     ``budgets``: ``{dataset label: budget ε}`` drawn as dashed lines in the dataset's colour.
@@ -197,7 +197,7 @@ def ledger_figure(series: Mapping[str, Sequence[tuple[float, float]]],
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     ax.set_xlabel("time of charge")
-    ax.set_ylabel("cumulative ε (RDP composition)")
+    ax.set_ylabel("cumulative ε (composed)")
     ax.set_ylim(bottom=0)
     ax.set_title("Privacy ledger: spend per dataset")
     ax.grid(True, alpha=0.3)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting import epsilon, event_from_json, event_to_json
+from dptune.accounting import accountant, certify, epsilon, event_from_json, event_to_json
 from dptune.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -49,6 +49,11 @@ BINDING_VERSION = 2  # 1 (no "version" key): the MAC covered the charges only, n
 # had none, or another search's config, is refused)
 BOUND_FILES = ("best_config.yaml", "best_checkpoint.pt", "model.pt", "metrics.json")
 _FORBIDDEN = {"k", "K", "num_trials_drawn", "trials_drawn", "trials_run"}
+_ACCOUNTANT_TEXT = {  # per ``bound``; "rdp" is the text certificates had before ``bound`` existed
+    "rdp": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
+    "pld": "PLD (dp_accounting, pessimistic), composed over events; the noisy max as pure (1/beta)-DP",
+    "rdp+pld": "RDP part (Papernot-Steinke random stopping) as a privacy profile, convolved with the PLD of the rest",
+}
 
 
 class CertificateError(ConfigError):
@@ -100,7 +105,9 @@ def _versions() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Certificate:
-    """``events`` are composed (RDP) to give ``epsilon`` at ``delta``; each has a role label."""
+    """``events`` are composed to give ``epsilon`` at ``delta``; each has a role label. ``bound`` names the
+    accountant whose bound ``epsilon`` is (``rdp`` or ``pld``: the smaller valid one, ``accounting.certify``);
+    certificates written before it existed are RDP."""
 
     dataset_id: str
     delta: float
@@ -112,6 +119,7 @@ class Certificate:
     binding: dict[str, Any] = field(default_factory=dict)  # {"charges": [{role, token, event_sha256}], "mac"}
     created: str = ""  # the day of the reservation, YYYY-MM-DD
     versions: dict[str, str] = field(default_factory=_versions)
+    bound: str = "rdp"
 
     @classmethod
     def build(cls, dataset_id: str, delta: float, events: list[tuple[str, de.DpEvent]],
@@ -120,9 +128,9 @@ class Certificate:
         forbidden = _FORBIDDEN & (set(stopping) | set(details or {}))
         if forbidden:
             raise ValueError(f"a certificate must not reveal the drawn number of trials ({forbidden})")
-        eps = epsilon([e for _, e in events], delta)
-        return cls(dataset_id, float(delta), list(events), eps, dict(stopping), dict(details or {}),
-                   guarantee(reproducible=reproducible), {}, created)
+        proved = certify([e for _, e in events], delta)
+        return cls(dataset_id, float(delta), list(events), proved.epsilon, dict(stopping), dict(details or {}),
+                   guarantee(reproducible=reproducible), {}, created, bound=proved.accountant)
 
     # --- binding to the ledger -----------------------------------------------------------------------
 
@@ -130,7 +138,7 @@ class Certificate:
         """What the MAC covers: every field but the MAC itself (the events through their charges' hashes)."""
         body = {"format": FORMAT, "dataset_id": self.dataset_id, "delta": self.delta, "epsilon": self.epsilon,
                 "guarantee": self.guarantee, "stopping": self.stopping, "details": self.details,
-                "created": self.created, "versions": self.versions,
+                "created": self.created, "versions": self.versions, "bound": self.bound,
                 "binding": {k: v for k, v in binding.items() if k != "mac"}}
         return json.dumps(_canonical(body), sort_keys=True, separators=(",", ":")).encode()
 
@@ -168,7 +176,8 @@ class Certificate:
             "dataset_id": self.dataset_id,
             "epsilon": self.epsilon,
             "delta": self.delta,
-            "accountant": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
+            "accountant": _ACCOUNTANT_TEXT[self.bound],
+            "bound": self.bound,
             "guarantee": self.guarantee,
             "stopping": self.stopping,
             "events": [{"role": role, "event": event_to_json(e),
@@ -183,8 +192,13 @@ class Certificate:
         Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n")
 
     def verify(self) -> None:
-        """Recompute ε from the events; raise if the stated ε differs."""
-        recomputed = epsilon([e for _, e in self.events], self.delta)
+        """Recompute ε from the events with the accountant the certificate names; raise if the stated ε differs."""
+        acc = accountant(self.bound)
+        events = [e for _, e in self.events]
+        recomputed = acc.epsilon(events, delta=self.delta) if all(acc.can_account(e) for e in events) else None
+        if recomputed is None:
+            raise CertificateError("certificate.bound", f"the {self.bound} accountant cannot bound these events",
+                                   "the certificate was modified or is corrupt; use the one the search released")
         if not (math.isfinite(self.epsilon) and math.isclose(recomputed, self.epsilon, rel_tol=1e-6, abs_tol=1e-9)):
             raise CertificateError(
                 "certificate.epsilon",
@@ -248,6 +262,12 @@ def _verify_files(cert: Certificate, folder: Path) -> None:
                                    "use the release's files together, unmodified")
 
 
+def _bound(name: Any) -> str:
+    if name not in _ACCOUNTANT_TEXT:
+        raise ValueError(f"bound {name!r} is not one of {', '.join(_ACCOUNTANT_TEXT)}")
+    return str(name)
+
+
 def load_certificate(path: str | Path, verify: bool = True) -> Certificate:
     p = Path(path)
     if not p.is_file():
@@ -261,7 +281,7 @@ def load_certificate(path: str | Path, verify: bool = True) -> Certificate:
         cert = Certificate(str(data["dataset_id"]), float(data["delta"]), events, float(data["epsilon"]),
                            dict(data["stopping"]), dict(data.get("details", {})), dict(data["guarantee"]),
                            dict(data.get("binding", {})), str(data.get("created", "")),
-                           dict(data.get("versions", {})))
+                           dict(data.get("versions", {})), bound=_bound(data.get("bound", "rdp")))
     except (ValueError, KeyError, TypeError) as e:
         raise CertificateError("certificate", f"{str(p)!r} is not a valid dptune certificate ({e})",
                                "use the certificate.json the search released, unmodified") from e

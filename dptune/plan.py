@@ -335,7 +335,7 @@ def _print(out: dict[str, Any]) -> None:
 
 def _print_scaled(s: dict[str, Any]) -> None:
     print(f"\nscaled searcher, total epsilon {s['target_epsilon']:g} (search {s['search_epsilon']:.4f} + final run, "
-          "composed in RDP):")
+          "composed: the smallest valid bound, RDP or PLD):")
     print(f"  {len(s['trials'])} cheap trials at noise multiplier {s['trial_noise_multiplier']:.4g}; final run on "
           f"{s['final_n']} examples (train + validation) at {s['final_noise_multiplier']:.4g}")
     print("  final-run candidate lr -> cheap trial's lr (same update noise lr x sigma): " + ", ".join(

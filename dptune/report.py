@@ -173,7 +173,7 @@ def search_trial_event(cert: Certificate) -> tuple[de.DpEvent, StoppingRule, flo
 
 def ledger_series(ledger: Ledger) -> tuple[dict[str, list[tuple[float, float]]], dict[str, float | None],
                                            list[dict[str, Any]]]:
-    """Cumulative ε per dataset after each charge (RDP composition at the budget's δ, aborted charges
+    """Cumulative ε per dataset after each charge (composed at the budget's δ, the smallest valid bound; aborted charges
     excluded — as the ledger counts them), the budgets, and one table row per charge."""
     series: dict[str, list[tuple[float, float]]] = {}
     budgets: dict[str, float | None] = {}
@@ -268,7 +268,7 @@ def render(data: RunData) -> str:
          _plots.score_figure(data.trials, params)),
         ("ε against the mean number of trials, per stopping rule, for this run's worst-case trial",
          _plots.stopping_rule_figure(trial_ev, cert.delta, mark=rule, tune_fraction=tune_fraction)),
-        ("Ledger: cumulative ε per dataset after each charge (RDP composition)",
+        ("Ledger: cumulative ε per dataset after each charge (composed: the smallest valid bound)",
          _plots.ledger_figure(series, budgets)),
     ]
     parts = [

@@ -30,7 +30,7 @@ def test_one_trial_matches_opacus_known_answer() -> None:
     acc = RDPAccountant()
     acc.history = [(1.5, 0.04, 2250)]
     opacus_eps = acc.get_epsilon(DELTA)
-    ours = A.epsilon([A.trial_event(noise_multiplier=1.5, sampling_rate=0.04, steps=2250, score_noise=None)], DELTA)
+    ours = A.rdp_epsilon([A.trial_event(noise_multiplier=1.5, sampling_rate=0.04, steps=2250, score_noise=None)], DELTA)
     assert opacus_eps == pytest.approx(7.3291, rel=1e-3)
     assert ours == pytest.approx(opacus_eps, rel=0.01)
     assert ours == pytest.approx(7.3291, rel=0.01)
@@ -39,7 +39,7 @@ def test_one_trial_matches_opacus_known_answer() -> None:
 def test_rdp_curve_matches_public_accountant() -> None:
     # guards the use of dp_accounting's internal curve (pinned version) against its public API
     e = A.trial_event(noise_multiplier=1.1, sampling_rate=0.1, steps=300, score_noise=5.0)
-    assert A.epsilon([e], DELTA) == pytest.approx(oracle_epsilon(e), rel=1e-9)
+    assert A.rdp_epsilon([e], DELTA) == pytest.approx(oracle_epsilon(e), rel=1e-9)
 
 
 def test_score_release_composes() -> None:
@@ -48,7 +48,7 @@ def test_score_release_composes() -> None:
     assert A.epsilon([with_score], DELTA) > A.epsilon([sgd], DELTA)
     both = de.ComposedDpEvent([de.SelfComposedDpEvent(de.PoissonSampledDpEvent(0.04, de.GaussianDpEvent(1.5)), 2250),
                                de.GaussianDpEvent(3.0)])
-    assert A.epsilon([with_score], DELTA) == pytest.approx(oracle_epsilon(both), rel=1e-9)
+    assert A.rdp_epsilon([with_score], DELTA) == pytest.approx(oracle_epsilon(both), rel=1e-9)
 
 
 @pytest.mark.parametrize("shape", [math.inf, 0.0, 1.0, 0.5, 3.0], ids=["poisson", "log", "geom", "tnb0.5", "tnb3"])
@@ -110,7 +110,7 @@ def test_poisson_closed_form_gaussian(mean: float, s: float) -> None:
 def test_composed_rule_is_plain_composition() -> None:
     trial = A.trial_event(noise_multiplier=1.0, sampling_rate=0.05, steps=300, score_noise=4.0)
     rule = A.stopping_rule("composed", mean=5)
-    assert A.epsilon([rule.search_event(trial)], DELTA) == pytest.approx(
+    assert A.rdp_epsilon([rule.search_event(trial)], DELTA) == pytest.approx(
         oracle_epsilon(de.SelfComposedDpEvent(trial, 5)), rel=1e-9)
 
 

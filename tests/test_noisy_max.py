@@ -141,16 +141,23 @@ def test_noisy_max_releases_the_candidate_and_no_score() -> None:
 
 def test_shipped_spaces_pay_what_the_gaussian_scores_they_replace_paid() -> None:
     """Each shipped scaled space's Gumbel scale β = σ_s/(2√K) (rounded) of the K Gaussian score releases of
-    std σ_s it replaced: the same zCDP, so the same cheap-trial σ to within the rounding."""
+    std σ_s it replaced: the same zCDP, so the same search RDP at any σ to within the rounding. Charged at the
+    smaller of RDP and PLD, the Gaussian scores gain more (their PLD is exact, the noisy max's only its pure-DP
+    pair): the cheap-trial σ under the noisy max is at most 10 % above theirs (7 % on digits, 9 % on MNIST)."""
     for path, old_noise, n_train in ((DIGITS_SCALED, 9.0, 1257), (MNIST_SCALED, 40.0, 8000)):
         space = load_space(path)
         k = int(space.privacy.mean)
         beta = space.privacy.score_noise
         assert beta is not None and beta == pytest.approx(old_noise / (2 * math.sqrt(k)), rel=0.02)
-        noisy = A.plan_search(space, n_train).points[0].noise_multiplier
-        scores = A.plan_search(space.with_privacy(selection="best_score", score_noise=old_noise),
-                               n_train).points[0].noise_multiplier
-        assert noisy == pytest.approx(scores, rel=0.01)
+        noisy_plan = A.plan_search(space, n_train)
+        scores_plan = A.plan_search(space.with_privacy(selection="best_score", score_noise=old_noise), n_train)
+        noisy, scores = noisy_plan.points[0].noise_multiplier, scores_plan.points[0].noise_multiplier
+        assert scores <= noisy <= 1.1 * scores
+        # at one σ, the two searches' RDP agree (the same zCDP)
+        at_noisy = space.with_privacy(selection="best_score", score_noise=old_noise)
+        same_sigma = A.plan_search(at_noisy, n_train, sigma_low=noisy).search_event
+        assert A.rdp_epsilon([same_sigma], 1e-5) == pytest.approx(A.rdp_epsilon([noisy_plan.search_event], 1e-5),
+                                                                  rel=0.01)
 
 
 def test_a_space_whose_trials_disagree_with_its_privacy_is_refused() -> None:

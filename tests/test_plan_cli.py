@@ -20,7 +20,8 @@ EXPLICIT = ["--noise-multiplier", "1.5", "--sampling-rate", "0.04", "--steps", "
 def test_explicit_known_answer_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*EXPLICIT, "--stopping", "poisson", "--mean", "3", "--public-validation", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["trial_epsilon"] == pytest.approx(7.3291, rel=0.01)
+    # one DP-SGD run: the PLD bound (dp_accounting's PLDAccountant 6.77; Opacus' RDP would say 7.3291)
+    assert out["trial_epsilon"] == pytest.approx(6.7695, rel=0.01) and out["trial_epsilon"] < 7.3291
     assert out["stopping"]["rule"] == "poisson" and out["delta"] == 1e-5
     assert out["search_epsilon"] > out["trial_epsilon"]
     assert set(out["alternatives"]) == {"logarithmic(eta=0, mean=3)", "geometric(eta=1, mean=3)", "composed(3 trials)"}

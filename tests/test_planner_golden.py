@@ -4,6 +4,13 @@
 refactor of issue 11) with ``nominal_train_size`` (1000 for spaces without one), f = 1 and f = 0.5, for the
 spaces shipped then (copied to ``tests/data/golden_spaces/``, so later edits of ``search_spaces/`` do not
 move the oracle). Regenerate it only for a deliberate, documented change of the accounting.
+
+Changed once, by issue 25 (ε = the smaller of the RDP and PLD bounds): only where a PLD exists (one trial, and
+a composed search on the full data; random stopping, subsampled searches and digits' worst case over two batch
+sizes stay RDP and unchanged). Old (RDP) → new:
+cifar10_resnet9@1.0 trial 3.393425 → 3.113507, composed(8 trials) 11.094056 → 10.322485;
+cifar10_resnet9@0.5 trial 5.064310 → 4.648151; cifar10_wrn16_4@1.0 trial 3.440333 → 3.163709,
+composed(5 trials) 8.595197 → 7.979412; cifar10_wrn16_4@0.5 trial 5.102682 → 4.700786.
 """
 
 from __future__ import annotations

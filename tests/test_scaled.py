@@ -28,12 +28,39 @@ N_TRAIN, N_VAL = 1257, 180  # digits: 1797 - 360 test - 180 validation
 MNIST_PRIORS = {"accuracy_spread": 0.012, "loss_per_noise_doubling": 0.0193}
 
 
+def _swap_noisy_max(event: de.DpEvent, as_gaussian: bool) -> tuple[de.DpEvent, list[float]]:
+    """``event`` with its noisy maxes replaced (by a Gaussian of noise multiplier 2β, the same RDP below the cap,
+    or removed) and the Gumbel scales found."""
+    if isinstance(event, A.NoisyMaxDpEvent):
+        return (de.GaussianDpEvent(2 * event.gumbel_scale) if as_gaussian else de.NoOpDpEvent()), [event.gumbel_scale]
+    if isinstance(event, de.ComposedDpEvent):
+        parts = [_swap_noisy_max(e, as_gaussian) for e in event.events]
+        return de.ComposedDpEvent([p for p, _ in parts]), [b for _, bs in parts for b in bs]
+    return event, []
+
+
 def _eps(events: list[de.DpEvent], delta: float = 1e-5) -> float:
-    """Independent pricing: dp_accounting's own RDP accountant, dptune's orders."""
-    acc = RdpAccountant(orders=[float(o) for o in A.ORDERS])
+    """Independent pricing of what dptune charges, the smaller valid bound: dp_accounting's RDP accountant at
+    dptune's orders (a noisy max as a Gaussian of noise multiplier 2β: λ/(8β²), which dptune caps at the
+    pure-DP 1/β above order 8β) and its PLD accountant at dptune's 1e-3 grid (a noisy max as the pure
+    (1/β)-DP randomized-response pair)."""
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.pld import privacy_loss_distribution as pldlib
+    from dp_accounting.pld.common import DifferentialPrivacyParameters
+
+    rdp = RdpAccountant(orders=[float(o) for o in A.ORDERS])
+    pld = PLDAccountant(value_discretization_interval=1e-3)
+    betas: list[float] = []
     for e in events:
-        acc.compose(e)
-    return float(acc.get_epsilon(delta))
+        rdp.compose(_swap_noisy_max(e, True)[0])
+        plain, found = _swap_noisy_max(e, False)
+        pld.compose(plain)
+        betas += found
+    total = pld._pld  # noqa: SLF001 - the accountant's PLD, to compose the noisy max's pure-DP pair with
+    for b in betas:
+        total = total.compose(pldlib.from_privacy_parameters(DifferentialPrivacyParameters(1 / b, 0.0),
+                                                             value_discretization_interval=1e-3))
+    return min(float(rdp.get_epsilon(delta)), float(total.get_epsilon_for_delta(delta)))
 
 
 def _trials(sigma: float, q: float, steps: int, score_noise: float, k: int) -> de.DpEvent:
@@ -43,10 +70,9 @@ def _trials(sigma: float, q: float, steps: int, score_noise: float, k: int) -> d
 
 
 def _noisy_max_search(sigma: float, q: float, steps: int, beta: float, k: int) -> de.DpEvent:
-    """k composed trials that release nothing, and the one noisy max: priced by dp_accounting as a Gaussian of
-    noise multiplier 2β (the same RDP, λ/(8β²), at orders up to 8β, where dptune caps it at the pure-DP 1/β)."""
+    """k composed trials that release nothing, and the one noisy max (priced by :func:`_eps`)."""
     training = de.SelfComposedDpEvent(de.PoissonSampledDpEvent(q, de.GaussianDpEvent(sigma)), steps)
-    return de.ComposedDpEvent([de.SelfComposedDpEvent(training, k), de.GaussianDpEvent(2 * beta)])
+    return de.ComposedDpEvent([de.SelfComposedDpEvent(training, k), A.NoisyMaxDpEvent(beta)])
 
 
 def _final(sigma: float, epochs: float, n: int, batch: int = 256) -> de.DpEvent:
@@ -98,22 +124,24 @@ def _mnist(eps: float, space: SearchSpace | None = None) -> A.ScaledAdvice:
 def test_mnist_planner_verdicts_match_the_measured_outcome() -> None:
     """bench/results/tuning_value_mnist_scaled.md (seeds 5-9): the scaled searcher with a Gaussian score per
     trial (mode g) beats the literature default at ε 2 (+0.9) and 4 (+1.5), not at ε 1 (-0.2); the planner,
-    with priors from seeds 0-4, says the same. Its σ values are the bench's (which calibrates them
-    independently). The shipped noisy max costs the same: the same verdicts and σ."""
+    with priors from seeds 0-4, says the same. Its σ values were the bench's under RDP (21.51, 2.488, 1.332 at
+    ε 1; 8.87, 1.489, 0.944 at 2; 4.52, 1.011, 0.732 at 4); charged at the smaller of RDP and PLD they are
+    6-14 % lower. The shipped noisy max gives the same verdicts and a final σ within 4 %; its cheap trials
+    need a larger σ than the Gaussian scores (up to 14 %): its PLD is only its pure-DP pair (``_pld``)."""
     gaussian = load_space(MNIST).with_privacy(selection="best_score", score_noise=40.0)
     verdicts = {eps: _mnist(eps, gaussian) for eps in (1.0, 2.0, 4.0)}
     assert [verdicts[e].pays for e in (1.0, 2.0, 4.0)] == [False, True, True]
     assert "not expected to pay" in verdicts[1.0].verdict and "expected to pay" in verdicts[4.0].verdict
-    for eps, (sc, sf, sa) in {1.0: (21.51, 2.488, 1.332), 2.0: (8.87, 1.489, 0.944),
-                              4.0: (4.52, 1.011, 0.732)}.items():
+    for eps, (sc, sf, sa) in {1.0: (18.85, 2.304, 1.249), 2.0: (8.101, 1.396, 0.880),
+                              4.0: (4.172, 0.9566, 0.692)}.items():
         a = verdicts[eps]
         assert (a.plan.trial_sigma, a.plan.final_sigma, a.baseline_sigma) == pytest.approx((sc, sf, sa), rel=3e-3)
         # the noise-to-signal ratio, from the two runs' own B, T and σ
         t_f, t_a = math.ceil(10 * 9000 / 256), math.ceil(10 * 9000 / 64)
         assert a.noise_ratio == pytest.approx((sf / (256 * math.sqrt(t_f))) / (sa / (64 * math.sqrt(t_a))), rel=3e-3)
         shipped = _mnist(eps)
-        assert shipped.pays == a.pays and shipped.plan.final_sigma == pytest.approx(sf, rel=3e-3)
-        assert shipped.plan.trial_sigma == pytest.approx(sc, rel=0.01)
+        assert shipped.pays == a.pays and shipped.plan.final_sigma == pytest.approx(sf, rel=0.04)
+        assert sc * 0.99 <= shipped.plan.trial_sigma <= sc * 1.15
         assert shipped.expected_gain > a.expected_gain  # the same candidates, chosen with less noise
     # the verdict follows the priors: a loss of 15 points per noise doubling makes every budget not pay
     # against the same-batch baseline (the space's own default, B 256 lr 0.4)

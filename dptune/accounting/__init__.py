@@ -1,23 +1,36 @@
 """Privacy accounting for dptune: trial events, worst case over a space, random stopping, planning.
 
-Pure functions and frozen values; no torch, no ray, no I/O. Events are values (``_events``), one interpreter
-gives their RDP (:func:`rdp_of`) and one function their ε (:func:`epsilon`); stopping rules are the
-subclasses of :class:`StoppingRule` named in one catalogue (:func:`stopping_rule`).
+Pure functions and frozen values; no torch, no ray, no I/O. Events are values (``_events``); two
+accountants interpret them — RDP (:func:`rdp_of`, :func:`rdp_epsilon`) and PLD (:func:`pld_of`,
+:func:`pld_epsilon`) — behind one interface (:class:`Accountant`, catalogue :data:`ACCOUNTANTS`), and one
+function gives the ε dptune charges (:func:`epsilon`: the smaller valid bound; :func:`certify` also names the
+accountant); stopping rules are the subclasses of :class:`StoppingRule` named in one catalogue
+(:func:`stopping_rule`).
 
 Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
-``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the interpreter); ``_rules``;
+``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the RDP interpreter); ``_pld`` (the
+PLD interpreter); ``_mixed`` (RDP part ⊗ PLD part); ``_accountant`` (the interface and the minimum); ``_rules``;
 ``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``; ``_scaled``.
 """
 
 from dptune.accounting import _lazy
 
-_lazy.install()  # before anything imports dp_accounting: skip its slow, unused PLD imports
+_lazy.install()  # before anything imports dp_accounting: its PLD modules load on first use
 
 # ruff: noqa: E402
 
+from dptune.accounting._accountant import (
+    ACCOUNTANTS,
+    Accountant,
+    Bound,
+    accountant,
+    certify,
+    epsilon,
+    tight_epsilon,
+)
 from dptune.accounting._advice import Advice, Candidate, advise
 from dptune.accounting._amplify import poisson_subsampled_rdp
-from dptune.accounting._calibrate import calibrate_noise_multiplier, calibrate_sigma
+from dptune.accounting._calibrate import calibrate_noise_multiplier, calibrate_sigma, calibrate_tight
 from dptune.accounting._catalogue import STOPPING_RULES, alternative_rules, comparison_rules, stopping_rule
 from dptune.accounting._convert import ORDERS
 from dptune.accounting._events import (
@@ -41,7 +54,8 @@ from dptune.accounting._planner import (
     sigma_floor,
     worst_case_event,
 )
-from dptune.accounting._rdp import epsilon, rdp_of
+from dptune.accounting._pld import pld_epsilon, pld_of
+from dptune.accounting._rdp import rdp_epsilon, rdp_of
 from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
 from dptune.accounting._scaled import ScaledAdvice, ScaledPlan, advise_scaled, plan_scaled
 from dptune.accounting._stopping import random_stopping_rdp, tnb_gamma, tnb_mean
@@ -53,9 +67,12 @@ from dptune.accounting._subsample import (
 )
 
 __all__ = [
+    "ACCOUNTANTS",
     "ORDERS",
     "STOPPING_RULES",
+    "Accountant",
     "Advice",
+    "Bound",
     "Candidate",
     "Composed",
     "NoisyMaxDpEvent",
@@ -68,10 +85,13 @@ __all__ = [
     "TrialPoint",
     "TruncatedNegativeBinomial",
     "WorstCaseDpEvent",
+    "accountant",
     "advise",
     "alternative_rules",
     "calibrate_noise_multiplier",
     "calibrate_sigma",
+    "calibrate_tight",
+    "certify",
     "comparison_rules",
     "epsilon",
     "event_from_json",
@@ -80,8 +100,11 @@ __all__ = [
     "advise_scaled",
     "plan_scaled",
     "plan_search",
+    "pld_epsilon",
+    "pld_of",
     "poisson_subsampled_rdp",
     "random_stopping_rdp",
+    "rdp_epsilon",
     "rdp_of",
     "reachable_points",
     "score_event",
@@ -93,6 +116,7 @@ __all__ = [
     "stopping_rule",
     "subsampled_search_event",
     "tnb_gamma",
+    "tight_epsilon",
     "tnb_mean",
     "transfer_config",
     "trial_event",

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import optuna.distributions as od
 from dp_accounting import dp_event as de
 
 from dptune._params import sampling_rate, trial_steps
+from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._amplify import check_fraction
-from dptune.accounting._calibrate import calibrate_sigma
+from dptune.accounting._calibrate import calibrate_tight
 from dptune.accounting._catalogue import alternative_rules, stopping_rule
 from dptune.accounting._events import NoisyMaxDpEvent, WorstCaseDpEvent, trial_event, with_selection
-from dptune.accounting._rdp import epsilon
+from dptune.accounting._rdp import rdp_epsilon
 from dptune.accounting._rules import StoppingRule
 from dptune.accounting._subsample import subsampled_search_event
 from dptune.config import ConfigError, SearchSpace, check_trial_score_noise, support_values
@@ -112,6 +114,25 @@ class Plan:
     alternatives: dict[str, float] = field(default_factory=dict)  # label -> search ε, same mean
 
 
+def _charge(space: SearchSpace, n_train: int, stopping: StoppingRule | None, sigma_low: float | None
+            ) -> tuple[StoppingRule, list[TrialPoint], de.DpEvent, Callable[[StoppingRule], de.DpEvent]]:
+    """(rule, reachable points, worst-case trial event, the search's charge under a rule): :func:`plan_search`."""
+    check_trial_score_noise(space)  # what the trials run is what privacy says, or nothing is planned
+    p = space.privacy
+    rule = stopping or stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
+    if sigma_low is None and space.searcher == "scaled":
+        sigma_low = scaled_trial_sigma(space, n_train)
+    f = space.tune_fraction
+    points = reachable_points(space, n_train, sigma_low=sigma_low, tune_fraction=f)
+    t_event = worst_case_event(points)
+    selection = selection_event(space)
+
+    def charge(r: StoppingRule) -> de.DpEvent:
+        return with_selection(subsampled_search_event(r.search_event(t_event), fraction=f), selection)
+
+    return rule, points, t_event, charge
+
+
 def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None = None, *,
                 sigma_low: float | None = None, compare: bool = True) -> Plan:
     """The charge of a search over ``space`` on ``n_train`` training examples.
@@ -123,21 +144,10 @@ def plan_search(space: SearchSpace, n_train: int, stopping: StoppingRule | None 
 
     With ``privacy.selection: noisy_max`` (the scaled searcher) trials release no score; the search's charge
     is their composition with the one report-noisy-max that picks the candidate (``NoisyMaxDpEvent``).
+    Every ε is the smaller of the RDP and PLD bounds (``_accountant.epsilon``).
     """
-    check_trial_score_noise(space)  # what the trials run is what privacy says, or nothing is planned
+    rule, points, t_event, charge = _charge(space, n_train, stopping, sigma_low)
     p = space.privacy
-    rule = stopping or stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
-    if sigma_low is None and space.searcher == "scaled":
-        sigma_low = scaled_trial_sigma(space, n_train)
-    f = space.tune_fraction
-    points = reachable_points(space, n_train, sigma_low=sigma_low, tune_fraction=f)
-    t_event = worst_case_event(points)
-
-    selection = selection_event(space)
-
-    def charge(r: StoppingRule) -> de.DpEvent:
-        return with_selection(subsampled_search_event(r.search_event(t_event), fraction=f), selection)
-
     s_event = charge(rule)
     alternatives = {}
     if compare:
@@ -159,18 +169,21 @@ def selection_event(space: SearchSpace) -> NoisyMaxDpEvent | None:
 
 def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
                 stopping: StoppingRule | None = None, tolerance: float = 1e-3) -> float | None:
-    """Smallest lower bound on σ (in ``SIGMA_FLOOR_RANGE``, to ``tolerance``; :func:`calibrate_sigma`) for
-    which the whole search costs at most ``target_epsilon``.
+    """Smallest lower bound on σ (in ``SIGMA_FLOOR_RANGE``, to ``tolerance``; :func:`calibrate_tight`, the
+    RDP bound as its fast upper bracket) for which the whole search costs at most ``target_epsilon``.
 
     ``None`` if even σ = 1000 does not fit (the score release or random-stopping overhead alone exceeds it).
     """
     check_positive("target_epsilon", target_epsilon, "choose e.g. 2.0")
 
-    def cost(sigma: float) -> float:
-        return plan_search(space, n_train, stopping, sigma_low=sigma, compare=False).search_epsilon
+    def search(sigma: float) -> list[de.DpEvent]:
+        rule, _, _, charge = _charge(space, n_train, stopping, sigma)
+        return [charge(rule)]
 
     lo, hi = SIGMA_FLOOR_RANGE
-    return calibrate_sigma(cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
+    delta = space.privacy.delta
+    return calibrate_tight(lambda s: tight_epsilon(search(s), delta), upper_cost=lambda s: rdp_epsilon(search(s), delta),
+                           target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
 
 
 def scaled_trial_sigma(space: SearchSpace, n_train: int) -> float:

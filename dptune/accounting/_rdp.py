@@ -5,8 +5,9 @@ in the tree. Leaf mechanisms (Gaussian, Poisson-subsampled Gaussian) are evaluat
 RdpAccountant (Mironov, Talwar & Zhang 2019); composition adds curves (Mironov 2017, Prop. 1), a worst case
 takes their pointwise maximum (quasi-convexity), a noisy max is capped zCDP (``_events.NoisyMaxDpEvent``),
 random stopping is Papernot & Steinke (2022) Thms. 2/6
-(``_stopping``) and subsampling Zhu & Wang (2019) Thm. 6 (``_amplify``). :func:`epsilon` composes a sequence
-of events and converts once (``_convert``): what the planner, certificates, the ledger and calibration charge.
+(``_stopping``) and subsampling Zhu & Wang (2019) Thm. 6 (``_amplify``). :func:`rdp_epsilon` composes a
+sequence of events and converts once (``_convert``): the RDP bound, one of the two that ``_accountant``'s
+``epsilon`` (what the planner, certificates, the ledger and calibration charge) takes the minimum of.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dptune.accounting._convert import ORDERS, rdp_to_epsilon
 from dptune.accounting._events import NoisyMaxDpEvent, SubsampledMechanismDpEvent, WorstCaseDpEvent
 from dptune.accounting._stopping import random_stopping_rdp
 
-__all__ = ["epsilon", "rdp_of"]
+__all__ = ["rdp_epsilon", "rdp_of"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,12 +64,12 @@ def rdp_of(event: de.DpEvent) -> np.ndarray:
     raise TypeError(f"dptune cannot account for {type(event).__name__}")
 
 
-def epsilon(events: Sequence[de.DpEvent], delta: float) -> float:
+def rdp_epsilon(events: Sequence[de.DpEvent], delta: float) -> float:
     """ε at ``delta`` of ``events`` run one after another (any of them adaptively chosen): their RDP curves
     add (Mironov 2017, Prop. 1), then one RDP → (ε, δ) conversion (Balle et al. 2020, Prop. 12). Never a sum
     of ε's. No events cost ε = 0."""
     if isinstance(events, de.DpEvent):
-        raise TypeError("epsilon() takes a sequence of events: pass [event] for one")
+        raise TypeError("rdp_epsilon() takes a sequence of events: pass [event] for one")
     total = np.zeros_like(ORDERS)
     for e in events:
         total = total + rdp_of(e)
