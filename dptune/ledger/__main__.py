@@ -107,7 +107,7 @@ def _main(args: argparse.Namespace) -> int:
     for d in out:
         name = f"{d['label']} (id {d['dataset_id']})" if d["dataset_id"] else "charges without a budget"
         print(f"{name}: budget ε = {d['budget_epsilon']}, δ = {d['budget_delta']}; "
-              f"spent ε = {d['spent_epsilon']:.4g} (RDP composition)")
+              f"spent ε = {d['spent_epsilon']:.4g} (composed events; the smaller of the RDP and PLD bounds)")
         for c in d["charges"]:
             print(f"  #{c['id']:<4} {c['status']:<9} ε = {c['epsilon']:.4g}  {c['name']}")
     return 0
