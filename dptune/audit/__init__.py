@@ -6,7 +6,8 @@ real dptune training run (``dptune.dpsgd.run_trial`` with its audit-only hooks),
 the highest and lowest scores, and the number of correct guesses turned into an ε lower bound at 95 %
 confidence. A lower bound above a certificate's ε means the trainer does not do what its certificate claims.
 
-Modules: ``_bound`` (guesses → ε lower bound, pure math), ``_canaries`` (canaries and the audited training
+Modules: ``_bound`` (guesses → ε lower bound, pure math), ``_fdp`` (the sharper f-DP bound of Mahloujifar,
+Melis & Chaudhuri 2024 on the same guesses), ``_canaries`` (canaries and the audited training
 split), ``_observe`` (audited trials and searches, what each threat model sees, canary scores).
 """
 
@@ -20,6 +21,7 @@ from dptune.audit._bound import (
     p_value,
 )
 from dptune.audit._canaries import Canaries, audit_basis, audit_splits, draw_canaries
+from dptune.audit._fdp import FdpAudit, audit_fdp, fdp_epsilon_lower_bound, gdp_epsilon, gdp_mu_lower_bound
 from dptune.audit._observe import (
     CANARY_GRADIENT,
     Observation,
@@ -35,16 +37,21 @@ from dptune.audit._observe import (
 __all__ = [
     "CANARY_GRADIENT",
     "Audit",
+    "FdpAudit",
     "Canaries",
     "Guesses",
     "Observation",
     "SearchObservation",
     "audit_basis",
     "audit_epsilon",
+    "audit_fdp",
     "audit_splits",
     "black_box_scores",
     "draw_canaries",
     "epsilon_lower_bound",
+    "fdp_epsilon_lower_bound",
+    "gdp_epsilon",
+    "gdp_mu_lower_bound",
     "guess_grid",
     "guesses",
     "ideal_white_box_scores",

@@ -27,11 +27,13 @@ Pure functions, no torch: numpy and scipy only.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 from scipy import optimize, special
 
-__all__ = ["fdp_epsilon_lower_bound", "gdp_epsilon", "gdp_mu_lower_bound", "rejects"]
+__all__ = ["FdpAudit", "audit_fdp", "fdp_epsilon_lower_bound", "gdp_epsilon", "gdp_mu_lower_bound", "rejects"]
 
 InverseBlowUp = Callable[[float], float]
 
@@ -114,3 +116,33 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     while gap(hi) > 0:
         hi *= 2
     return float(optimize.brentq(gap, 0.0, hi, xtol=1e-10))
+
+
+@dataclass(frozen=True)
+class FdpAudit:
+    """The f-DP audit of one set of scores: ``epsilon``, the rigorous (ε, δ) lower bound; ``mu``, the μ-GDP
+    lower bound and ``gdp_epsilon`` its ε at δ (a lower bound for mechanisms with a Gaussian tradeoff curve);
+    each the best over the (k+, k−) pairs tried, Bonferroni-corrected like ``audit_epsilon``."""
+
+    epsilon: float
+    mu: float
+    gdp_epsilon: float
+    tried: int
+
+
+def audit_fdp(scores: Sequence[float] | np.ndarray, included: Sequence[bool] | np.ndarray, *,
+              ks: Sequence[tuple[int, int]], delta: float, confidence: float = 0.95) -> FdpAudit:
+    """The f-DP audit of ``scores`` (higher = more likely included) over the guess pairs ``ks``, fixed before
+    the scores were seen; each pair is one test at level (1 − confidence) / len(ks)."""
+    from dptune.audit._bound import guesses
+
+    if not ks:
+        raise ValueError("ks must name at least one (k_plus, k_minus) pair")
+    level = (1.0 - confidence) / len(ks)
+    eps = mu = 0.0
+    for k_plus, k_minus in ks:
+        g = guesses(scores, included, k_plus=k_plus, k_minus=k_minus)
+        eps = max(eps, fdp_epsilon_lower_bound(canaries=g.canaries, guesses=g.guesses, correct=g.correct,
+                                               delta=delta, level=level))
+        mu = max(mu, gdp_mu_lower_bound(canaries=g.canaries, guesses=g.guesses, correct=g.correct, level=level))
+    return FdpAudit(epsilon=eps, mu=mu, gdp_epsilon=gdp_epsilon(mu, delta), tried=len(ks))

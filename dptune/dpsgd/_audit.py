@@ -28,9 +28,9 @@ from dptune.dpsgd._optim import ClippingDPOptimizer
 
 __all__ = ["BUGS", "AuditHooks"]
 
-# Deliberate bugs, audit-only: the noise the optimizer adds is σ/10 instead of σ; per-example gradients are
-# not clipped (the clipping bound is raised 10⁶-fold while the noise std stays σ·C).
-BUGS = ("noise_x0.1", "no_clip")
+# Deliberate bugs, audit-only: the noise the optimizer adds is σ/10 (or σ/2) instead of σ; per-example gradients
+# are not clipped (the clipping bound is raised 10⁶-fold while the noise std stays σ·C).
+BUGS = ("noise_x0.1", "noise_x0.5", "no_clip")
 _UNCLIPPED = 1e6
 
 
@@ -85,8 +85,8 @@ class AuditHooks:
 def apply_bug(engine: Engine, bug: str | None) -> None:
     """Break the trainer as ``bug`` says (audit-only; called by run_trial only when an audit asks)."""
     opt = engine.optimizer
-    if bug == "noise_x0.1":
-        opt.noise_multiplier *= 0.1
+    if bug in ("noise_x0.1", "noise_x0.5"):
+        opt.noise_multiplier *= float(bug.removeprefix("noise_x"))
     elif bug == "no_clip":  # clip at 10⁶·C, noise std unchanged at σ·C
         opt.max_grad_norm *= _UNCLIPPED
         opt.noise_multiplier /= _UNCLIPPED
