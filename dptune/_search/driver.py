@@ -254,12 +254,22 @@ def _installed(path: Path) -> bool:
     return any(path.is_relative_to(Path(r).resolve()) for r in roots if r)
 
 
+def absolute_paths(req: SearchRequest) -> SearchRequest:
+    """Every local path of a request made absolute against today's working directory, before Ray sees any."""
+    storage = req.ray.storage_path
+    if storage is not None and "://" not in storage:
+        storage = str(Path(storage).expanduser().resolve())
+    return dataclasses.replace(req, run_dir=req.run_dir.expanduser().resolve(), ledger=req.ledger.expanduser().resolve(),
+                               ray=dataclasses.replace(req.ray, storage_path=storage))
+
+
 def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> SearchOutcome:
     """Run (or resume) one search; raises ConfigError before anything is charged for bad input, and
     ``runner.SearchInterrupted`` (trials sealed, charge kept) when interrupted."""
     from dptune._search.runner import SearchInterrupted
 
     os.umask(0o077)  # every file this search (and the Ray it starts) writes is owner-only
+    req = absolute_paths(req)  # Ray reads a relative path as a URI without a scheme (Tuner.restore fails)
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
     p = _prepare(req)
     ledger = Ledger(req.ledger)

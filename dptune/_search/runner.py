@@ -154,7 +154,7 @@ def _sigterm_as_sigint() -> Iterator[None]:
 
 def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _SealedLog, opts: RayOptions,
            resume: bool) -> tune.Tuner:
-    storage: Path | str = opts.storage_path or run.ray_dir
+    storage: Path | str = opts.storage_path or run.ray_dir.resolve()  # never a relative path (ArrowInvalid)
     exp_dir = f"{str(storage).rstrip('/')}/tune" if isinstance(storage, str) else str(storage / "tune")
     if resume and tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
         return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)

