@@ -29,8 +29,6 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     started = time.time()
     import torch
 
-    from dptune import dpsgd
-
     torch.set_num_threads(threads)
     if "trial_index" in config:  # random search: the i-th of the sealed i.i.d. draws
         index = int(config["trial_index"])
@@ -40,7 +38,29 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
         index = -1
         slot = {"seed": _adaptive_seed(adaptive_seed_base), "params": {}}
         params = dict(config)
-    work = Path(tempfile.mkdtemp(prefix="dptune-trial-"))
+    # the work dir holds the trial's secrets (seed, RNG states): inside Ray's trial dir on this node (under
+    # the search's owner-only Ray temp dir), never in /tmp, and removed whatever happens (finally)
+    work = _work_dir()
+    try:
+        _trial_body(work, index, slot, params, started, data=data, fixed=fixed, save_model=save_model,
+                    checkpoint_every=checkpoint_every, sampling_basis=sampling_basis, charged_points=charged_points)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _work_dir() -> Path:
+    trial_dir = Path(tune.get_context().get_trial_dir())
+    trial_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="work-", dir=trial_dir))
+
+
+def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, Any], started: float, *, data: Any,
+                fixed: dict[str, Any], save_model: bool, checkpoint_every: int, sampling_basis: float | None,
+                charged_points: list[Any] | None) -> None:
+    import torch
+
+    from dptune import dpsgd
+
     ckpt_path = work / "trial.pt"
     attempts = _restore(work)
     device = "cuda" if torch.cuda.is_available() and tune.get_context().get_trial_resources().required_resources.get(
@@ -77,7 +97,6 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
                    "sampling_rate": float("nan"), "noise_multiplier": float("nan"), "seconds": 0.0,
                    "traceback": traceback.format_exc()[-2000:]}
     tune.report(metrics)
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def _restore(work: Path) -> int:
@@ -85,11 +104,12 @@ def _restore(work: Path) -> int:
     restored = tune.get_checkpoint()
     attempts = 1
     if restored is not None:  # resume the same trial (same index, seed, hyperparameters)
-        with restored.as_directory() as d:
-            if (Path(d) / "trial.pt").exists():
-                shutil.copy(Path(d) / "trial.pt", work / "trial.pt")
-            if (Path(d) / "attempts").exists():
-                attempts = int((Path(d) / "attempts").read_text()) + 1
+        d = Path(restored.to_directory(str(work / "restored")))  # inside the work dir: never a /tmp download
+        if (d / "trial.pt").exists():
+            shutil.copy(d / "trial.pt", work / "trial.pt")
+        if (d / "attempts").exists():
+            attempts = int((d / "attempts").read_text()) + 1
+        shutil.rmtree(d, ignore_errors=True)
     (work / "attempts").write_text(str(attempts))
     return attempts
 
