@@ -3,11 +3,16 @@ work dirs, Ray's temp dir, token authentication, usage statistics, listening soc
 
 from __future__ import annotations
 
+import os
+import signal
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import digits_seed_with_k, free_port, run_cli
+from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli
 
 SPACE = "search_spaces/digits.yaml"
 
@@ -32,3 +37,57 @@ def test_trial_work_dirs_with_their_secrets_are_not_left_in_tmp(tmp_path: Path,
     assert (tmp_path / "runs" / "work" / "release" / "best_checkpoint.pt").is_file()
     left = [p for p in tmp.rglob("*") if p.name.startswith("dptune-trial-") or p.name == "trial.pt"]
     assert left == [], left
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Another user (neither owner nor group) can reach ``path`` only if every directory above it lets
+    others traverse (o+x)."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
+
+
+_SESSION = """
+import sys
+from dptune._search.options import RayOptions
+from dptune._search.raysession import RaySession
+import ray
+s = RaySession(RayOptions(num_cpus=1, dashboard_port=int(sys.argv[1])))
+s.__enter__()
+print(s.parent, ray._private.worker._global_node.get_session_dir_path(), flush=True)
+sys.stdin.readline()  # until the test closes stdin: then a normal exit
+s.__exit__()
+"""
+
+
+def _session(env: dict[str, str]) -> tuple[subprocess.Popen[str], Path, Path]:
+    """A search's Ray session in a process of its own: (process, dptune's parent dir, Ray's session dir)."""
+    proc = subprocess.Popen([sys.executable, "-c", _SESSION, str(free_port())], cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    line = proc.stdout.readline().split()  # type: ignore[union-attr]
+    assert len(line) == 2, line
+    return proc, Path(line[0]), Path(line[1])
+
+
+@pytest.mark.ray
+def test_ray_temp_dir_is_unreachable_by_other_users_and_a_killed_runs_is_removed(
+        tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """Item 11: Ray chmods its temp dir and session dirs 0777; they must sit below a 0700 parent that we own
+    (checked from outside: the mode bits along the path), and a SIGKILLed search's is removed on the next start."""
+    env = {**isolated_env, "PYTHONPATH": str(ROOT)}
+    killed, stale, _ = _session(env)
+    os.killpg(killed.pid, signal.SIGKILL)  # the driver and the Ray it started
+    killed.wait(timeout=60)
+    assert stale.is_dir() and any(stale.rglob("session_*")), stale
+
+    proc, parent, session_dir = _session(env)
+    try:
+        assert not stale.exists()  # the killed search's session files, logs and sockets are gone
+        assert session_dir.is_relative_to(parent)
+        st = parent.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
+        assert stat.S_IMODE(session_dir.stat().st_mode) == 0o777  # Ray's chmod: why the parent must hold
+        for p in (session_dir, session_dir / "logs", session_dir / "sockets"):
+            assert p.exists() and not _reachable_by_others(p), p
+    finally:
+        proc.communicate("\n", timeout=120)
+    assert proc.returncode == 0
+    assert not parent.exists()

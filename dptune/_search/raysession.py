@@ -1,10 +1,19 @@
 """Starting or joining Ray for a search, safely: token auth with an owner-only token, session files in an
-owner-only temp dir, the dashboard on loopback, nothing printed that names trials."""
+owner-only temp dir, the dashboard on loopback, nothing printed that names trials.
+
+Ray makes its temp dir and every session, log and socket dir in it mode 0777 (``try_make_directory_shared``),
+whatever mode dptune gave it: any local user could read K from log sizes and put files beside Ray's sockets.
+So Ray's temp dir is a child of a 0700 parent that dptune owns (``/tmp/dptune-ray-*``): Ray's chmod reaches
+the child only, and no other user can traverse the parent. The parent names the driver process that owns
+it; a parent whose driver is gone (a SIGKILLed search) is removed when the next search starts.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,10 +22,56 @@ import ray
 
 from dptune._search.options import RayOptions, check_token_file
 
-__all__ = ["RaySession"]
+__all__ = ["RaySession", "private_ray_parent", "remove_stale_ray_dirs"]
+
+_PARENT_PREFIX = "dptune-ray-"
+_OWNER = "owner"  # "<pid> <process start time>" of the driver that made the parent
 
 
-def _runtime_env(paths: tuple[str, ...]) -> dict[str, Any] | None:
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22): with the pid it names
+    one process, even after the pid is reused. None: no such process."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return ""
+        return ""  # alive; no /proc here
+    return stat_line.rsplit(")", 1)[1].split()[19]
+
+
+def private_ray_parent(root: str = "/tmp") -> Path:
+    """A fresh 0700 directory owned by this process (mkdtemp), recorded as this driver's. Short: Ray's Unix
+    socket paths below it must stay under ~107 bytes."""
+    parent = Path(tempfile.mkdtemp(prefix=_PARENT_PREFIX, dir=root))
+    (parent / _OWNER).write_text(f"{os.getpid()} {_start_time(os.getpid()) or ''}")
+    return parent
+
+
+def remove_stale_ray_dirs(root: str = "/tmp") -> list[Path]:
+    """Remove the private Ray parents of this user whose driver is no longer running (a SIGKILLed search
+    leaves its session files, logs and trial work dirs behind). Others' and live searches' are kept."""
+    removed = []
+    for parent in Path(root).glob(_PARENT_PREFIX + "*"):
+        try:
+            st = parent.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            pid, _, started = (parent / _OWNER).read_text().partition(" ")
+        except OSError:
+            continue
+        now = _start_time(int(pid)) if pid.isdigit() else None
+        if now is None or (started and now and now != started.strip()):
+            shutil.rmtree(parent, ignore_errors=True)
+            removed.append(parent)
+    return removed
+
+
+def _runtime_env(paths: tuple[str, ...], parent: Path) -> dict[str, Any] | None:
     """Ray ships package directories as py_modules; a single-file module goes in a working_dir of its own
     (py_modules takes directories and wheels only)."""
     if not paths:
@@ -24,7 +79,7 @@ def _runtime_env(paths: tuple[str, ...]) -> dict[str, Any] | None:
     env: dict[str, Any] = {"py_modules": [p for p in paths if Path(p).is_dir()]}
     files = [p for p in paths if not Path(p).is_dir()]
     if files:
-        folder = Path(tempfile.mkdtemp(prefix="dptune-code-"))
+        folder = Path(tempfile.mkdtemp(prefix="code-", dir=parent))
         for f in files:
             shutil.copy(f, folder / Path(f).name)
         env["working_dir"] = str(folder)
@@ -36,14 +91,23 @@ class RaySession:
 
     def __init__(self, opts: RayOptions) -> None:
         self.opts = opts
+        self.parent: Path | None = None  # ours, 0700: Ray's temp dir and a single-file module's working_dir
         self.temp_dir: str | None = None
-        self.code_dir: str | None = None  # a single-file module's working_dir: ours to remove
         self.dashboard: str | None = None
 
     def __enter__(self) -> str | None:
+        remove_stale_ray_dirs()
+        self.parent = private_ray_parent()
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _start(self) -> str | None:
         opts = self.opts
-        runtime_env = _runtime_env(opts.py_modules)
-        self.code_dir = (runtime_env or {}).get("working_dir")
+        assert self.parent is not None
+        runtime_env = _runtime_env(opts.py_modules, self.parent)
         job_config = ray.job_config.JobConfig(metadata=opts.job_metadata, runtime_env=runtime_env)
         check_token_file(create=not opts.address)
         if opts.address:
@@ -53,9 +117,9 @@ class RaySession:
             kwargs: dict[str, Any] = {}
             if opts.dashboard_port is not None:
                 kwargs["dashboard_port"] = opts.dashboard_port
-            # session logs and spilled objects in an owner-only dir (mkdtemp: 0700), not world-readable
-            # /tmp/ray; kept short for the ~107-byte Unix socket path limit
-            self.temp_dir = tempfile.mkdtemp(prefix="dptune-", dir="/tmp")
+            # session logs, sockets, spilled objects and trial work dirs below the owner-only parent, not in
+            # world-readable /tmp/ray (Ray makes this child 0777; the parent keeps others out)
+            self.temp_dir = str(self.parent / "r")
             # address="local": always a new private instance, never a Ray someone else advertised here
             ctx = ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=True,
                            dashboard_host=opts.dashboard_host, log_to_driver=False, job_config=job_config,
@@ -72,6 +136,5 @@ class RaySession:
     def __exit__(self, *exc: object) -> None:
         if ray.is_initialized():
             ray.shutdown()
-        for folder in (self.temp_dir, self.code_dir):
-            if folder:
-                shutil.rmtree(folder, ignore_errors=True)
+        if self.parent is not None:
+            shutil.rmtree(self.parent, ignore_errors=True)
