@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dptune.ledger import Ledger
 from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli
 
 SPACE = "search_spaces/digits.yaml"
@@ -34,9 +35,25 @@ def test_trial_work_dirs_with_their_secrets_are_not_left_in_tmp(tmp_path: Path,
     r = run_cli(_search_args(tmp_path, "work", "--seed", str(digits_seed_with_k(1, 2)), "--save-checkpoint",
                              "--checkpoint-every", "1"), env)
     assert r.returncode == 0, r.stdout + r.stderr
+    # item 12: the mode is printed as verified after Ray started, not assumed
+    assert "verified, the dashboard refused a request without the token (HTTP 401)" in r.stdout, r.stdout
     assert (tmp_path / "runs" / "work" / "release" / "best_checkpoint.pt").is_file()
     left = [p for p in tmp.rglob("*") if p.name.startswith("dptune-trial-") or p.name == "trial.pt"]
     assert left == [], left
+
+
+@pytest.mark.parametrize("mode", ["disabled", "DISABLED", "none"])
+def test_ray_auth_mode_disabled_in_the_environment_is_refused_before_any_charge(
+        tmp_path: Path, isolated_env: dict[str, str], mode: str) -> None:
+    """Item 12: RAY_AUTH_MODE=disabled in the curator's shell used to turn token auth off while dptune printed
+    that it was on; now: exit 2 naming RAY_AUTH_MODE, nothing charged, no run directory, Ray never started."""
+    r = run_cli(_search_args(tmp_path, "noauth", "--seed", str(digits_seed_with_k(1, 2))),
+                {**isolated_env, "RAY_AUTH_MODE": mode})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "RAY_AUTH_MODE" in r.stderr and "token" in r.stderr
+    assert "token authentication is on" not in r.stdout and "Ray dashboard" not in r.stdout
+    assert not (tmp_path / "runs" / "noauth").exists()
+    assert not (tmp_path / "ledger.sqlite").exists() or Ledger(tmp_path / "ledger.sqlite").charges() == []
 
 
 def _reachable_by_others(path: Path) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 import optuna.distributions as od
 
 from dptune._search.draw import Draw, make_draw
-from dptune._search.options import RayOptions, check_token_file
+from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, later_defaults
 from dptune.errors import ConfigError, check_delta
@@ -216,9 +216,10 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         "dptune_run": run.root.name, "dptune_space": req.space.name, "dptune_epsilon": eps,
         "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
     opts = dataclasses.replace(opts, py_modules=user_modules(req.space.fixed.model))
-    with RaySession(opts) as dashboard:
-        say(f"  Ray dashboard: {dashboard or 'see your cluster head'} (Ray token authentication is on: the dashboard "
-            "and its job API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
+    session = RaySession(opts)
+    with session as dashboard:
+        say(f"  Ray dashboard: {dashboard or 'see your cluster head'} ({session.auth}; the dashboard and its job "
+            "API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
@@ -270,6 +271,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
 
     os.umask(0o077)  # every file this search (and the Ray it starts) writes is owner-only
     req = absolute_paths(req)  # Ray reads a relative path as a URI without a scheme (Tuner.restore fails)
+    check_auth_mode()  # RAY_AUTH_MODE=disabled in the environment is refused before anything is charged
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
     p = _prepare(req)
     ledger = Ledger(req.ledger)
@@ -284,6 +286,11 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
         f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
     try:
         rows, dashboard = _run_trials(req, run, p, draw, say)
+    except ConfigError:  # Ray's start-up checks (token auth really on, GPUs): no trial of this session started
+        if not req.resume:  # nothing ran under this charge: it is released, as for any refusal
+            ledger.abort(charge.id)
+            run.write_state(status="aborted")
+        raise
     except SearchInterrupted as e:
         write_trials(run.trials_file, e.rows)
         run.write_state(status="interrupted")

@@ -20,7 +20,8 @@ from typing import Any
 
 import ray
 
-from dptune._search.options import RayOptions, check_token_file
+from dptune._search.options import RayOptions, check_auth_mode, check_token_file
+from dptune.errors import ConfigError
 
 __all__ = ["RaySession", "private_ray_parent", "remove_stale_ray_dirs"]
 
@@ -86,6 +87,45 @@ def _runtime_env(paths: tuple[str, ...], parent: Path) -> dict[str, Any] | None:
     return {k: v for k, v in env.items() if v}
 
 
+def _token_mode() -> None:
+    """Ray reads RAY_AUTH_MODE into a cached config when it is first imported: a Ray imported before dptune
+    set the mode (e.g. in a notebook) must re-read it, as Ray's own local start-up does."""
+    from ray._raylet import AuthenticationMode, Config, get_authentication_mode
+
+    check_auth_mode()
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        Config.initialize("")
+
+
+def verify_token_auth(dashboard: str | None) -> str:
+    """After Ray started: token authentication must really be on, whatever the environment said — this
+    process's Ray runs in token mode and (for a Ray we started) its dashboard refuses a request without the
+    token. Raises ConfigError otherwise; returns what was verified, in words."""
+    import urllib.error
+    import urllib.request
+
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    mode = get_authentication_mode()
+    if mode != AuthenticationMode.TOKEN:
+        raise ConfigError("RAY_AUTH_MODE", f"Ray runs with authentication mode {mode!r}, not token",
+                          "unset RAY_AUTH_MODE (or set it to token) on every node and start again")
+    if not dashboard:
+        return "token authentication is on (Ray's mode: token)"
+    try:
+        with urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10) as r:
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except OSError:
+        return "token authentication is on (Ray's mode: token; the dashboard did not answer a check)"
+    if status not in (401, 403):
+        raise ConfigError("RAY_AUTH_MODE", f"Ray's dashboard answered a request without the token (HTTP {status})",
+                          "unset RAY_AUTH_MODE (or set it to token) and start again")
+    return f"token authentication is on: verified, the dashboard refused a request without the token (HTTP {status})"
+
+
 class RaySession:
     """``with RaySession(opts) as dashboard_url:`` a local Ray (or the cluster at ``opts.address``)."""
 
@@ -94,6 +134,7 @@ class RaySession:
         self.parent: Path | None = None  # ours, 0700: Ray's temp dir and a single-file module's working_dir
         self.temp_dir: str | None = None
         self.dashboard: str | None = None
+        self.auth = ""  # what was verified after start, in words (printed)
 
     def __enter__(self) -> str | None:
         remove_stale_ray_dirs()
@@ -110,6 +151,7 @@ class RaySession:
         runtime_env = _runtime_env(opts.py_modules, self.parent)
         job_config = ray.job_config.JobConfig(metadata=opts.job_metadata, runtime_env=runtime_env)
         check_token_file(create=not opts.address)
+        _token_mode()
         if opts.address:
             ctx = ray.init(address=opts.address, log_to_driver=False, job_config=job_config,
                            configure_logging=True, logging_level=logging.WARNING)
@@ -131,6 +173,7 @@ class RaySession:
         if url and not str(url).startswith("http"):
             url = "http://" + str(url)
         self.dashboard = url
+        self.auth = verify_token_auth(url if not opts.address else None)
         return url
 
     def __exit__(self, *exc: object) -> None:
