@@ -90,7 +90,7 @@ def _runtime_env(paths: tuple[str, ...], parent: Path) -> dict[str, Any] | None:
 def _token_mode() -> None:
     """Ray reads RAY_AUTH_MODE into a cached config when it is first imported: a Ray imported before dptune
     set the mode (e.g. in a notebook) must re-read it, as Ray's own local start-up does."""
-    from ray._raylet import AuthenticationMode, Config, get_authentication_mode
+    from ray._raylet import AuthenticationMode, Config, get_authentication_mode  # type: ignore[attr-defined]
 
     check_auth_mode()
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -105,7 +105,7 @@ def verify_token_auth(dashboard: str | None) -> str:
     import urllib.error
     import urllib.request
 
-    from ray._raylet import AuthenticationMode, get_authentication_mode
+    from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
 
     mode = get_authentication_mode()
     if mode != AuthenticationMode.TOKEN:
