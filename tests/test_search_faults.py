@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,3 +94,37 @@ def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_api(tmp_path: Pa
     r = _run(tmp_path, ["-c", code], env)
     assert r.returncode == 0, r.stdout + r.stderr
     _finished_the_draw(tmp_path, "relapi")
+
+
+def _our_trial_processes(sid: int) -> list[int]:
+    """Trial worker processes of the search started in session ``sid`` (never another search's on this host)."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    return [int(r[0]) for r in rows if len(r) == 3 and int(r[1]) == sid and "ImplicitFunc" in r[2]]
+
+
+def test_a_lost_worker_prints_one_fixed_line_and_no_trial_index(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """Item 16: Ray Tune's ERROR lines (``Trial task failed for trial dptune_trial_77dbd_00001``) named trials by
+    their index in the sealed draw. Now Ray's and Tune's log records go to sealed/logs/ray.log, trials have
+    random names, and the terminal gets one fixed line."""
+    env = _env(isolated_env)
+    proc = subprocess.Popen([sys.executable, *_args("lost")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    run = tmp_path / "runs" / "lost"
+    try:
+        _wait(lambda: any((run / "sealed" / "ray" / "tune").glob("*/checkpoint_*")))
+        victims = _our_trial_processes(proc.pid)
+        assert victims, "no trial process to kill"
+        os.kill(victims[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert out.count("a worker was lost; the trial was retried as the same trial") == 1, out
+    assert "Trial task failed" not in out and "dptune_trial" not in out and "_0000" not in out, out
+    assert "Trial task failed" in (run / "sealed" / "logs" / "ray.log").read_text()
+    trial_dirs = [p.name for p in (run / "sealed" / "ray" / "tune").iterdir() if p.is_dir()]
+    assert trial_dirs and all(re.fullmatch(r"trial_[0-9a-f]{12}", n) for n in trial_dirs), trial_dirs
+    trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()  # retried from its checkpoint
+    assert max(t["attempts"] for t in trials) >= 2 and not any(t["crashed"] for t in trials), trials

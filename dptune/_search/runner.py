@@ -8,7 +8,9 @@ would cap K, which random stopping forbids (rule 1).
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -71,13 +73,47 @@ def _gpus(opts: RayOptions) -> float:
     return g
 
 
+LOST_WORKER = "  a worker was lost; the trial was retried as the same trial (details in sealed/logs only)"
+
+
+def _trial_name(trial: Any) -> str:
+    """Tune names trials (and their directories) ``<trainable>_<experiment>_<index>``: Ray's log lines would
+    carry the trial's index in the sealed draw, a lower bound on K. A random name carries nothing."""
+    return f"trial_{secrets.token_hex(6)}"
+
+
+@contextmanager
+def _ray_logs_to(path: Path) -> Iterator[None]:
+    """Ray's and Tune's log records go to a sealed file while trials run, not to the terminal: their ERROR
+    lines (a trial task failed, trials did not complete, a worker died) name trials and count them."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    handler = logging.StreamHandler(os.fdopen(fd, "a"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
+    loggers = [logging.getLogger(n) for n in names]
+    loggers = [lg for lg in loggers if lg.name == "ray" or lg.handlers]
+    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = [handler]
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, handlers, propagate in saved:
+            lg.handlers = handlers
+            lg.propagate = propagate
+        handler.close()
+
+
 class _SealedLog(Callback):
-    """Per-trial lines go to sealed/logs/trials.log; to the terminal only with --show-trials."""
+    """Per-trial lines go to sealed/logs/trials.log; to the terminal only with --show-trials. A lost worker
+    is said once, in a fixed line (one line per loss would count the trials running at a node's death)."""
 
     def __init__(self, path: Path, show: bool) -> None:
         self.path = path
         self.show = show
         self.recoveries: dict[int, int] = {}
+        self.said_lost = False
 
     def _write(self, line: str) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -90,6 +126,9 @@ class _SealedLog(Callback):
         index = int(trial.config.get("trial_index", -1))
         self.recoveries[index] = self.recoveries.get(index, 0) + 1
         self._write(f"trial {index} lost its worker (infrastructure); retried as the same trial")
+        if not self.said_lost:
+            self.said_lost = True
+            print(LOST_WORKER, flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         r = trial.last_result or {}
@@ -129,10 +168,12 @@ def make_tuner(trainable: Any, trials: int, storage: Path | str, callbacks: list
     if search_alg is not None:
         param_space: dict[str, Any] = {}
         tune_config = tune.TuneConfig(num_samples=trials, search_alg=search_alg, scheduler=scheduler,
-                                      reuse_actors=True)
+                                      reuse_actors=True, trial_name_creator=_trial_name,
+                                      trial_dirname_creator=_trial_name)
     else:
         param_space = {"trial_index": tune.grid_search(list(range(trials)))}
-        tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True)
+        tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True,
+                                      trial_name_creator=_trial_name, trial_dirname_creator=_trial_name)
     run_config = tune.RunConfig(
         name="tune", storage_path=storage if isinstance(storage, str) else str(storage.resolve()), verbose=0,
         callbacks=callbacks,
@@ -177,7 +218,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
         resources)
     log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)
     try:
-        with _Heartbeat(), _sigterm_as_sigint():
+        with _Heartbeat(), _sigterm_as_sigint(), _ray_logs_to(run.sealed / "logs" / "ray.log"):
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
         (run.sealed / "logs").mkdir(exist_ok=True)
