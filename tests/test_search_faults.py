@@ -128,3 +128,58 @@ def test_a_lost_worker_prints_one_fixed_line_and_no_trial_index(tmp_path: Path, 
     assert trial_dirs and all(re.fullmatch(r"trial_[0-9a-f]{12}", n) for n in trial_dirs), trial_dirs
     trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()  # retried from its checkpoint
     assert max(t["attempts"] for t in trials) >= 2 and not any(t["crashed"] for t in trials), trials
+
+
+# a model factory that builds on the driver (checked before the charge) and fails on every Ray worker, as a
+# missing library or driver on the nodes would: a failure that does not depend on the data
+BROKEN_NET = '''
+import ray
+from torch import nn
+
+
+def net(num_classes, input_shape, groups, width=8):
+    if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+        raise RuntimeError("the model factory cannot run on this node")
+    c, h, w = input_shape
+    return nn.Sequential(nn.Conv2d(c, width, 3, padding=1), nn.GroupNorm(groups, width), nn.Tanh(),
+                         nn.Flatten(), nn.Linear(width * h * w, num_classes))
+'''
+
+
+def test_a_factory_failing_on_the_workers_stops_with_the_charge_reserved_and_resumes(
+        tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """Item 17: every trial crashed on the workers, and the search said "no trial was drawn", exited 0 and
+    released trial 0's config. An infrastructure failure is not a result: exit 1, nothing released, the charge
+    reserved, the exact resume command printed, no claim about K; after the fix the command finishes the draw."""
+    import yaml
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "brokenmodels.py").write_text(BROKEN_NET)
+    raw = yaml.safe_load(Path(SPACE).read_text())
+    raw["model"] = {"factory": "brokenmodels:net", "kwargs": {"width": 8}}
+    space = tmp_path / "broken.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    env = {**_env(isolated_env), "PYTHONPATH": f"{ROOT}:{code}"}
+    args = _args("broken", "--max-failures", "1")
+    args[args.index("--space") + 1] = str(space)
+    args[args.index("--epochs") + 1] = "2"
+    r = _run(tmp_path, args, env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "no trial was drawn" not in out and "Traceback" not in out and "score:" not in out, out
+    assert "not a result of the data" in r.stderr and "stays reserved" in r.stderr, r.stderr
+    run = tmp_path / "runs" / "broken"
+    assert not any((run / "release").iterdir())
+    assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
+    assert "the model factory cannot run on this node" in (run / "sealed" / "logs" / "trials.log").read_text()
+    command = r.stderr.split("continue with: ", 1)[1].strip()
+    assert command.startswith("python -m dptune.search ") and command.endswith(" --resume"), command
+
+    (code / "brokenmodels.py").write_text(BROKEN_NET.replace("raise RuntimeError", "pass  #"))
+    again = subprocess.run([sys.executable, *command.split()[1:]], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    _finished_the_draw(tmp_path, "broken")
+    trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()
+    assert all(t["steps"] > 0 and not t["crashed"] for t in trials), trials

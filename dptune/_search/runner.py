@@ -33,7 +33,7 @@ from dptune.errors import ConfigError
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow
 
-__all__ = ["SearchFailed", "SearchInterrupted", "make_tuner", "run_trials"]
+__all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "run_trials"]
 
 # Tune's default CSV/JSON/TensorBoard loggers hold per-trial metrics and cost time per trial; dptune
 # writes its own sealed record. Trials keep the driver's working directory. Mid-trial checkpoint reports
@@ -50,6 +50,18 @@ class SearchInterrupted(Exception):
     def __init__(self, rows: list[TrialRow]) -> None:
         super().__init__("interrupted")
         self.rows = rows
+
+
+class InfrastructureFailure(SearchInterrupted):
+    """Some trial failed for a reason that does not depend on the data (an import, the model factory, out
+    of memory, a lost node) even after Ray's retries: not a result. The search stops like an interrupt:
+    ``rows`` finished (sealed), nothing is released, the charge stays reserved, ``--resume`` reruns the rest
+    after the fix. Says neither which trial nor how many (that would bound K)."""
+
+    def __init__(self, rows: list[TrialRow], log: Path) -> None:
+        super().__init__(rows)
+        self.args = (f"a trial failed for a reason that is not a result of the data (an import, the model "
+                     f"factory, memory, a lost node); its error is in {log} (curator only)",)
 
 
 class SearchFailed(Exception):
@@ -136,7 +148,10 @@ class _SealedLog(Callback):
                     f"crashed={r.get('crashed')} params={r.get('params')} seconds={r.get('seconds')}")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._write(f"trial {trial.config.get('trial_index')} failed after retries (infrastructure)")
+        error = ""
+        if getattr(trial, "error_file", None) and os.path.exists(trial.error_file):
+            error = Path(trial.error_file).read_text(errors="replace")[-4000:]
+        self._write(f"trial {trial.config.get('trial_index')} failed after retries (infrastructure):\n{error}")
 
 
 class _Heartbeat:
@@ -221,35 +236,44 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
         with _Heartbeat(), _sigterm_as_sigint(), _ray_logs_to(run.sealed / "logs" / "ray.log"):
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
-        (run.sealed / "logs").mkdir(exist_ok=True)
-        fd = os.open(run.sealed / "logs" / "driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(traceback.format_exc())
-        raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); the traceback is in "
-                           f"{run.sealed / 'logs' / 'driver.log'} (curator only)") from None
-    rows, unfinished = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive,
-                             checkpoints=run.sealed / "checkpoints" if opts.save_model else None)
+        driver_log = run.sealed / "logs" / "driver.log"
+        try:  # the failure may be the disk itself: writing the log must not become the error
+            driver_log.parent.mkdir(exist_ok=True)
+            fd = os.open(driver_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(traceback.format_exc())
+            where = f"the traceback is in {driver_log} (curator only)"
+        except OSError:
+            where = "its traceback could not be written to sealed/logs either"
+        raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); {where}") from None
+    rows, unfinished, errors = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive,
+                                     checkpoints=run.sealed / "checkpoints" if opts.save_model else None)
     rows.sort(key=lambda r: r.index)
-    if any(r.error.startswith("ChargeMismatch") for r in rows):  # refused before touching data: a dptune bug
+    if any("ChargeMismatch" in e for e in errors):  # refused before touching data: a dptune bug
         raise SearchFailed("a trial's (q, T, σ, score noise) lay outside the charged points; it refused to run "
                            "and nothing is released (see sealed/logs/trials.log)")
+    if errors:
+        raise InfrastructureFailure(rows, log.path)
     if unfinished:
         raise SearchInterrupted(rows)
     return rows
 
 
 def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool,
-          checkpoints: Path | None) -> tuple[list[TrialRow], int]:
-    rows, unfinished = [], 0
+          checkpoints: Path | None) -> tuple[list[TrialRow], int, list[str]]:
+    """(finished rows, trials not finished, errors of trials that failed for infrastructure reasons)."""
+    rows: list[TrialRow] = []
+    unfinished = 0
+    errors: list[str] = []
     for i in range(len(grid)):
         res = grid[i]
         m = dict(res.metrics or {})
         index = m.get("trial_index", (res.config or {}).get("trial_index", i))
         index = i if index == -1 else int(index)
         seed = str(m.get("seed", "0")) if adaptive else draw.trials[index]["seed"]
-        if res.error is not None:  # retries exhausted on infrastructure failures: counts, score −∞
-            rows.append(TrialRow.crashed_row(index, seed or 0, m.get("params") or dict(res.config or {}),
-                                             f"infrastructure: {str(res.error)[:300]}"))
+        if res.error is not None:  # retries exhausted: infrastructure, not a result (reruns on --resume)
+            errors.append(str(res.error))
+            unfinished += 1
         elif not m.get("final"):
             unfinished += 1  # stopped by an interrupt before its final report
         else:
@@ -259,4 +283,4 @@ def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool,
             rows.append(TrialRow.from_metrics(index, seed, m, 1 + log.recoveries.get(index, 0), ckpt))
     if len(rows) + unfinished < draw.k:
         unfinished += draw.k - len(rows) - unfinished  # never started
-    return rows, unfinished
+    return rows, unfinished, errors

@@ -1,8 +1,10 @@
 """The Ray Tune function trainable: one dptune trial (a plain function of ``config``).
 
-Runs inside a Ray worker. Crashes inside the trainer count as a trial with score −∞ and are *not*
-retried (rule 5); only infrastructure failures (a dead worker or node) make Ray restart the trial,
-which then resumes from its last checkpoint with the same index, seed and hyperparameters.
+Runs inside a Ray worker. Only a data-dependent failure is a trial result: divergence (a non-finite loss,
+decided from the noised parameters) scores −∞ and counts (rule 5). Anything that raises (an import, the
+model factory, out of memory, a lost worker or node) does not depend on the data: it is infrastructure, so
+the trial fails, Ray retries it from its last checkpoint with the same index, seed and hyperparameters, and
+if it still fails the search stops with its charge reserved (nothing released) until ``--resume``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import hashlib
 import shutil
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -75,27 +76,21 @@ def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, 
     base: dict[str, Any] = {"final": True, "started": started, "trial_index": index, "params": params,
                             "seed": str(slot["seed"]),
                             "node_id": _node_id(), "attempts": attempts}
-    try:
-        cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
-        result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
-                                 return_model=save_model, sampling_basis=sampling_basis,
-                                 charged_points=charged_points or None)
-        metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
-                   "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
-                   "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
-                   "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
-                   "measured": _measured(result)}
-        if save_model and result.model_state is not None:
-            out = work / "final"
-            out.mkdir()
-            dpsgd.save_model(out / "model.pt", result.model_state, cfg.to_public_dict())
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
-            return
-    except Exception as e:  # a crashed trial counts, with score −∞ (rule 5), and is not retried
-        metrics = {**base, "score": float("-inf"), "val_accuracy_raw": float("nan"), "diverged": False,
-                   "crashed": True, "error": f"{type(e).__name__}: {e}"[:500], "steps": 0,
-                   "sampling_rate": float("nan"), "noise_multiplier": float("nan"), "seconds": 0.0,
-                   "traceback": traceback.format_exc()[-2000:]}
+    cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
+    result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
+                             return_model=save_model, sampling_basis=sampling_basis,
+                             charged_points=charged_points or None)
+    metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
+               "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
+               "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
+               "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
+               "measured": _measured(result)}
+    if save_model and result.model_state is not None:
+        out = work / "final"
+        out.mkdir()
+        dpsgd.save_model(out / "model.pt", result.model_state, cfg.to_public_dict())
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
+        return
     tune.report(metrics)
 
 
