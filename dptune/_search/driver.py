@@ -19,6 +19,7 @@ from typing import Any
 import optuna.distributions as od
 
 from dptune._search.draw import Draw, make_draw
+from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped
 from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, later_defaults
@@ -264,25 +265,6 @@ def absolute_paths(req: SearchRequest) -> SearchRequest:
                                ray=dataclasses.replace(req.ray, storage_path=storage))
 
 
-class SearchStopped(Exception):
-    """A search stopped after its charge was reserved, interrupted or failed: nothing is released and the
-    charge stays reserved (it counts against the budget) until ``--resume`` finishes the same draw.
-
-    ``cause`` says what happened without private values; ``charge`` where the charge stands (read back from
-    the ledger when it can be); ``rows`` the trials that finished (sealed)."""
-
-    def __init__(self, *, interrupted: bool, cause: str, charge: str, run: Path, ledger: Path,
-                 rows: list[TrialRow]) -> None:
-        super().__init__(f"{cause}; nothing was released; {charge}; continue with the same call (or command) and "
-                         f"resume=True (--resume), name={run.name!r}")
-        self.interrupted = interrupted
-        self.cause = cause
-        self.charge = charge
-        self.run = run
-        self.ledger = ledger
-        self.rows = rows
-
-
 def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> SearchOutcome:
     """Run (or resume) one search; raises ConfigError before anything is charged for bad input, and
     :class:`SearchStopped` (trials sealed, charge kept, nothing released) when a search with a reserved
@@ -306,72 +288,12 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
         return _after_reservation(req, run, ledger, p, charge, draw, say)
     except ConfigError as e:  # Ray's start-up checks (token auth really on, GPUs): no trial of this session ran
         if req.resume:  # trials of an earlier session ran under this charge: it stays
-            raise _stopped(req, run, charge, e, interrupted=False) from None
-        _safely(lambda: ledger.abort(charge.id))  # nothing ran under this charge: released, as any refusal
-        _safely(lambda: run.write_state(status="aborted"))
+            raise stopped(req.ledger, run, charge, e, interrupted=False) from None
+        safely(lambda: ledger.abort(charge.id))  # nothing ran under this charge: released, as any refusal
+        safely(lambda: run.write_state(status="aborted"))
         raise
     except (Exception, KeyboardInterrupt) as e:
-        raise _stopped(req, run, charge, e, interrupted=_is_interrupt(e)) from None
-
-
-def _is_interrupt(e: BaseException) -> bool:
-    from dptune._search.runner import InfrastructureFailure, SearchInterrupted
-
-    return isinstance(e, KeyboardInterrupt) or (isinstance(e, SearchInterrupted)
-                                                and not isinstance(e, InfrastructureFailure))
-
-
-def _safely(step: Callable[[], Any]) -> bool:
-    """One step of failure handling: it may fail too (a full disk, a read-only folder) and must not hide
-    the original failure or the charge's state."""
-    try:
-        step()
-        return True
-    except Exception:
-        return False
-
-
-def _stopped(req: SearchRequest, run: RunDir, charge: Charge, e: BaseException, interrupted: bool) -> SearchStopped:
-    """Seal what finished, log the traceback (sealed: it can name a trial's config), and say where the
-    charge stands — each step best-effort: the failure may be the disk or the ledger itself."""
-    import traceback
-
-    from dptune._search.runner import SearchFailed, SearchInterrupted
-
-    rows = list(e.rows) if isinstance(e, SearchInterrupted) else []
-    if isinstance(e, SearchInterrupted):
-        _safely(lambda: write_trials(run.trials_file, rows))
-    _safely(lambda: run.write_state(status="interrupted" if interrupted else "failed"))
-    if not interrupted and not isinstance(e, SearchInterrupted | SearchFailed | ConfigError):
-        log = run.sealed / "logs" / "driver.log"
-
-        def write_log() -> None:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(fd, "a") as f:
-                f.write(traceback.format_exc())
-
-        where = f"the traceback is in {log} (curator only)" if _safely(write_log) else \
-            "its traceback could not be written to sealed/logs either"
-        cause = f"{type(e).__name__} after the charge was reserved ({where})"
-    elif isinstance(e, ConfigError | SearchFailed | SearchInterrupted) and not interrupted:
-        cause = str(e)
-    else:
-        cause = "interrupted"
-    if not interrupted:  # a release is valid only once the search finished: none may be left half-written
-        def unrelease() -> None:
-            for f in run.release.iterdir():
-                f.unlink()
-
-        _safely(unrelease)
-    status = "reserved"
-    try:
-        status = Ledger(req.ledger).charge(charge.id).status
-    except Exception:
-        status = "reserved (as far as dptune knows: the ledger could not be read back)"
-    what = (f"the charge of epsilon = {charge.epsilon:.4f} in {req.ledger} stays {status} (it counts against "
-            "the budget)" if status.startswith("reserved") else f"the charge in {req.ledger} is {status}")
-    return SearchStopped(interrupted=interrupted, cause=cause, charge=what, run=run.root, ledger=req.ledger,
-                         rows=rows)
+        raise stopped(req.ledger, run, charge, e, interrupted=is_interrupt(e)) from None
 
 
 def _after_reservation(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,

@@ -1,0 +1,96 @@
+"""A search that stops after its charge was reserved (interrupted, or failed for any reason): what is sealed,
+what the curator is told. Every step is best-effort — the failure may be the disk or the ledger itself —
+and none may hide the original failure or the charge's state."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dptune.errors import ConfigError
+from dptune.ledger import Charge, Ledger
+from dptune.rundir import RunDir
+from dptune.trials import TrialRow, write_trials
+
+__all__ = ["SearchStopped", "is_interrupt", "safely", "stopped"]
+
+
+class SearchStopped(Exception):
+    """A search stopped after its charge was reserved, interrupted or failed: nothing is released and the
+    charge stays reserved (it counts against the budget) until ``--resume`` finishes the same draw.
+
+    ``cause`` says what happened without private values; ``charge`` where the charge stands (read back from
+    the ledger when it can be); ``rows`` the trials that finished (sealed)."""
+
+    def __init__(self, *, interrupted: bool, cause: str, charge: str, run: Path, ledger: Path,
+                 rows: list[TrialRow]) -> None:
+        super().__init__(f"{cause}; nothing was released; {charge}; continue with the same call (or command) and "
+                         f"resume=True (--resume), name={run.name!r}")
+        self.interrupted = interrupted
+        self.cause = cause
+        self.charge = charge
+        self.run = run
+        self.ledger = ledger
+        self.rows = rows
+
+
+def is_interrupt(e: BaseException) -> bool:
+    from dptune._search.runner import InfrastructureFailure, SearchInterrupted
+
+    return isinstance(e, KeyboardInterrupt) or (isinstance(e, SearchInterrupted)
+                                                and not isinstance(e, InfrastructureFailure))
+
+
+def safely(step: Callable[[], Any]) -> bool:
+    """One step of failure handling: it may fail too (a full disk, a read-only folder) and must not hide
+    the original failure or the charge's state."""
+    try:
+        step()
+        return True
+    except Exception:
+        return False
+
+
+def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, interrupted: bool) -> SearchStopped:
+    """Seal what finished, log the traceback (sealed: it can name a trial's config), and say where the
+    charge stands — each step best-effort: the failure may be the disk or the ledger itself."""
+    import traceback
+
+    from dptune._search.runner import SearchFailed, SearchInterrupted
+
+    rows = list(e.rows) if isinstance(e, SearchInterrupted) else []
+    if isinstance(e, SearchInterrupted):
+        safely(lambda: write_trials(run.trials_file, rows))
+    safely(lambda: run.write_state(status="interrupted" if interrupted else "failed"))
+    if not interrupted and not isinstance(e, SearchInterrupted | SearchFailed | ConfigError):
+        log = run.sealed / "logs" / "driver.log"
+
+        def write_log() -> None:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(traceback.format_exc())
+
+        where = f"the traceback is in {log} (curator only)" if safely(write_log) else \
+            "its traceback could not be written to sealed/logs either"
+        cause = f"{type(e).__name__} after the charge was reserved ({where})"
+    elif isinstance(e, ConfigError | SearchFailed | SearchInterrupted) and not interrupted:
+        cause = str(e)
+    else:
+        cause = "interrupted"
+    if not interrupted:  # a release is valid only once the search finished: none may be left half-written
+        def unrelease() -> None:
+            for f in run.release.iterdir():
+                f.unlink()
+
+        safely(unrelease)
+    status = "reserved"
+    try:
+        status = Ledger(ledger_path).charge(charge.id).status
+    except Exception:
+        status = "reserved (as far as dptune knows: the ledger could not be read back)"
+    what = (f"the charge of epsilon = {charge.epsilon:.4f} in {ledger_path} stays {status} (it counts against "
+            "the budget)" if status.startswith("reserved") else f"the charge in {ledger_path} is {status}")
+    return SearchStopped(interrupted=interrupted, cause=cause, charge=what, run=run.root, ledger=ledger_path,
+                         rows=rows)
