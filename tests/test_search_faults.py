@@ -183,3 +183,22 @@ def test_a_factory_failing_on_the_workers_stops_with_the_charge_reserved_and_res
     _finished_the_draw(tmp_path, "broken")
     trials = pq.read_table(run / "sealed" / "trials.parquet").to_pylist()
     assert all(t["steps"] > 0 and not t["crashed"] for t in trials), trials
+
+
+def test_resume_rebuilds_from_the_sealed_draw_when_tune_state_is_unreadable(tmp_path: Path,
+                                                                          isolated_env: dict[str, str]) -> None:
+    """Item 18: a full disk left Tune's experiment state half-written and every --resume died in Tuner.restore
+    (EOFError), so the reserved charge could never be released. Resume runs the same trials (indices, seeds)
+    from the sealed draw instead, under the same charge."""
+    env = _env(isolated_env)
+    _interrupted(tmp_path, "torn", env)
+    tune_dir = tmp_path / "runs" / "torn" / "sealed" / "ray" / "tune"
+    state_files = [p for p in tune_dir.iterdir() if p.is_file()]
+    assert any(p.name == "tuner.pkl" for p in state_files), state_files
+    for p in state_files:  # every top-level state file cut in half, as a full disk leaves them
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 2])
+    r = _run(tmp_path, _args("torn", "--resume"), env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "continues from its sealed draw" in r.stdout, r.stdout
+    _finished_the_draw(tmp_path, "torn")

@@ -177,7 +177,7 @@ class _Heartbeat:
 
 
 def make_tuner(trainable: Any, trials: int, storage: Path | str, callbacks: list[Callback], max_failures: int,
-               search_alg: Any = None, scheduler: Any = None) -> tune.Tuner:
+               search_alg: Any = None, scheduler: Any = None, name: str = "tune") -> tune.Tuner:
     """dptune's Tune settings: all trials in one fit, reused actors (no per-trial process start and
     torch/Opacus import), no per-trial logger files, quiet driver (bench/trial_overhead.py measures this)."""
     if search_alg is not None:
@@ -190,7 +190,7 @@ def make_tuner(trainable: Any, trials: int, storage: Path | str, callbacks: list
         tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True,
                                       trial_name_creator=_trial_name, trial_dirname_creator=_trial_name)
     run_config = tune.RunConfig(
-        name="tune", storage_path=storage if isinstance(storage, str) else str(storage.resolve()), verbose=0,
+        name=name, storage_path=storage if isinstance(storage, str) else str(storage.resolve()), verbose=0,
         callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -211,11 +211,36 @@ def _sigterm_as_sigint() -> Iterator[None]:
 def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _SealedLog, opts: RayOptions,
            resume: bool) -> tune.Tuner:
     storage: Path | str = opts.storage_path or run.ray_dir.resolve()  # never a relative path (ArrowInvalid)
-    exp_dir = f"{str(storage).rstrip('/')}/tune" if isinstance(storage, str) else str(storage / "tune")
-    if resume and tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
-        return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    name = str(run.read_state().get("tune_experiment", "tune"))
+    exp_dir = f"{str(storage).rstrip('/')}/{name}" if isinstance(storage, str) else str(storage / name)
+    if resume:
+        try:
+            if tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
+                return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        except Exception:  # half-written state (a full disk, a kill mid-save): EOFError, bad JSON, …
+            _log_traceback(run)
+            # the sealed draw fixes every trial (index, config, seed): a fresh experiment runs the same trials,
+            # so the charge reserved for them can still be released; the broken state stays aside, sealed
+            name = f"tune-{secrets.token_hex(4)}"
+            run.write_state(tune_experiment=name)
+            print("  Ray Tune's saved state could not be read: the search continues from its sealed draw (the same "
+                  "trials and seeds, no new charge; details in sealed/logs/driver.log)", flush=True)
     alg = searcher(space.searcher).search_alg(space, draw.stream_seed("searcher"))
-    return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg)
+    return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg, name=name)
+
+
+def _log_traceback(run: RunDir) -> str:
+    """The current traceback into sealed/logs/driver.log (it can name a trial's config); where it went, in
+    words. Never raises: the failure being logged may be the disk itself."""
+    driver_log = run.sealed / "logs" / "driver.log"
+    try:
+        driver_log.parent.mkdir(exist_ok=True)
+        fd = os.open(driver_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(traceback.format_exc())
+        return f"the traceback is in {driver_log} (curator only)"
+    except OSError:
+        return "its traceback could not be written to sealed/logs either"
 
 
 def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions, *,
@@ -236,15 +261,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
         with _Heartbeat(), _sigterm_as_sigint(), _ray_logs_to(run.sealed / "logs" / "ray.log"):
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
-        driver_log = run.sealed / "logs" / "driver.log"
-        try:  # the failure may be the disk itself: writing the log must not become the error
-            driver_log.parent.mkdir(exist_ok=True)
-            fd = os.open(driver_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(fd, "a") as f:
-                f.write(traceback.format_exc())
-            where = f"the traceback is in {driver_log} (curator only)"
-        except OSError:
-            where = "its traceback could not be written to sealed/logs either"
+        where = _log_traceback(run)
         raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); {where}") from None
     rows, unfinished, errors = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive,
                                      checkpoints=run.sealed / "checkpoints" if opts.save_model else None)
