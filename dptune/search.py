@@ -175,10 +175,10 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     from dptune._search.driver import SearchStopped, run_search
 
     req = _request(args)
+    command = resume_command(argv, req.run_dir.name)
     try:
-        out = run_search(req)
+        out = run_search(dataclasses.replace(req, resume_command=command))
     except SearchStopped as e:
-        command = resume_command(argv, req.run_dir.name)
         if e.interrupted:
             print(f"interrupted; nothing was released. {e.charge[0].upper()}{e.charge[1:]}; the finished trials are "
                   f"sealed. Continue with: {command}", file=sys.stderr)

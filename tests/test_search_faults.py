@@ -202,3 +202,73 @@ def test_resume_rebuilds_from_the_sealed_draw_when_tune_state_is_unreadable(tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     assert "continues from its sealed draw" in r.stdout, r.stdout
     _finished_the_draw(tmp_path, "torn")
+
+
+def test_a_killed_head_raylet_says_where_the_charge_stands_and_resumes(tmp_path: Path,
+                                                                       isolated_env: dict[str, str]) -> None:
+    """Item 19: a killed head raylet ended the search with exit 1 and no word from dptune (Ray's driver exits
+    at once). Now: the charge's state and the exact resume command, no Ray banner; the command finishes the draw."""
+    env = _env(isolated_env)
+    proc = subprocess.Popen([sys.executable, *_args("raylet")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = tmp_path / "runs" / "raylet"
+    try:
+        state = run / "sealed" / "state.json"  # Ray is up, no trial has finished: the search cannot end well
+        _wait(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
+        ps = subprocess.run(["ps", "-eo", "pid,sid,comm"], capture_output=True, text=True).stdout.splitlines()[1:]
+        [raylet] = [int(p) for p, s, c in (line.split(None, 2) for line in ps) if int(s) == proc.pid and c == "raylet"]
+        os.kill(raylet, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, out + err
+    assert "stays reserved" in err and "Traceback" not in err and "Raylet is terminated" not in out + err, err
+    assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
+    assert not (run / "release" / "best_config.yaml").exists()
+    command = err.split("Continue with: ", 1)[1].strip()
+    assert command.startswith("python -m dptune.search ") and command.endswith(" --resume"), command
+    again = _run(tmp_path, command.split()[1:], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    _finished_the_draw(tmp_path, "raylet")
+
+
+def test_an_unwritable_run_folder_after_the_reservation_says_where_the_charge_stands(
+        tmp_path: Path, isolated_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 19: a run folder that cannot be written (as a full disk) gave a raw traceback, and the failure
+    handler itself crashed writing driver.log. Now: exit 1, the charge's state and the exact resume command,
+    whatever else fails; the command works once the folder can be written. K = 0: no Ray needed."""
+    from dptune._search import driver
+    from dptune._search.runner import SearchInterrupted
+    from dptune.config import load_space
+
+    monkeypatch.chdir(tmp_path)
+    seed = str(digits_seed_with_k(0, 0))
+    req = driver.SearchRequest(space=load_space(SPACE), run_dir=Path("runs") / "full", ledger=Path("ledger.sqlite"),
+                               budget_epsilon=100, seed=int(seed))
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        raise SearchInterrupted([])
+
+    with monkeypatch.context() as mp:  # a search stopped after its reservation, to resume below
+        mp.setattr(driver, "_run_trials", interrupted)
+        with pytest.raises(driver.SearchStopped):
+            driver.run_search(req, say=lambda line: None)
+    sealed = tmp_path / "runs" / "full" / "sealed"
+    blockers = [sealed / ".trials.parquet.tmp", sealed / "logs" / "driver.log"]
+    for b in blockers:  # the trials file cannot be written, nor the failure handler's log
+        b.mkdir()
+    args = ["-m", "dptune.search", "--space", SPACE, "--name", "full", "--ledger", "ledger.sqlite", "--seed", seed,
+            "--resume"]
+    r = _run(tmp_path, args, _env(isolated_env))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "after the charge was reserved" in r.stderr, r.stderr
+    assert "could not be written" in r.stderr and "stays reserved" in r.stderr, r.stderr
+    assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
+    command = r.stderr.split("continue with: ", 1)[1].strip()
+    assert command == "python -m dptune.search " + " ".join(args[2:]), command
+    for b in blockers:
+        b.rmdir()
+    again = _run(tmp_path, command.split()[1:], _env(isolated_env))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["committed"]

@@ -19,7 +19,7 @@ from typing import Any
 import optuna.distributions as od
 
 from dptune._search.draw import Draw, make_draw
-from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped
+from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
 from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, later_defaults
@@ -51,6 +51,9 @@ class SearchRequest:
     seed: int | None = None  # NOT PRIVATE
     show_trials: bool = False
     ray: RayOptions = dataclasses.field(default_factory=RayOptions)
+    # the exact command that resumes this search (the CLI's): a watcher process prints it if this process
+    # dies without a word (a killed head raylet ends Ray's driver at once); None: no watcher (the API)
+    resume_command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
     opts = dataclasses.replace(opts, py_modules=user_modules(req.space.fixed.model))
     session = RaySession(opts)
-    with session as dashboard:
+    with session as dashboard, runner.sealed_ray_logs(run.sealed / "logs" / "ray.log"):
         say(f"  Ray dashboard: {dashboard or 'see your cluster head'} ({session.auth}; the dashboard and its job "
             "API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
         run.write_state(status="running", dashboard=dashboard)
@@ -284,6 +287,8 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
         f"{p.plan.stopping.label()})")
     say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
         f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
+    watcher = None if req.resume_command is None else watch_for_sudden_death(run, req.ledger, charge.epsilon,
+                                                                             req.resume_command)
     try:
         return _after_reservation(req, run, ledger, p, charge, draw, say)
     except ConfigError as e:  # Ray's start-up checks (token auth really on, GPUs): no trial of this session ran
@@ -294,6 +299,9 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
         raise
     except (Exception, KeyboardInterrupt) as e:
         raise stopped(req.ledger, run, charge, e, interrupted=is_interrupt(e)) from None
+    finally:  # the search ended in a known state: the watcher exits without a word
+        if watcher is not None:
+            os.close(watcher)
 
 
 def _after_reservation(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,

@@ -4,7 +4,10 @@ and none may hide the original failure or the charge's state."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from dptune.ledger import Charge, Ledger
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
 
-__all__ = ["SearchStopped", "is_interrupt", "safely", "stopped"]
+__all__ = ["SearchStopped", "is_interrupt", "safely", "stopped", "watch_for_sudden_death"]
 
 
 class SearchStopped(Exception):
@@ -94,3 +97,36 @@ def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, in
             "the budget)" if status.startswith("reserved") else f"the charge in {ledger_path} is {status}")
     return SearchStopped(interrupted=interrupted, cause=cause, charge=what, run=run.root, ledger=ledger_path,
                          rows=rows)
+
+
+def watch_for_sudden_death(run: RunDir, ledger_path: Path, epsilon: float, resume_command: str) -> int:
+    """Fork a watcher that outlives this process: when Ray's head raylet dies, Ray's driver exits at once
+    (status 1, no Python handler runs), as after a SIGKILL of the driver alone. If the search then had not
+    ended in a known state, the watcher says where the charge stands and how to resume, and marks the run
+    failed. Forked before Ray starts (no Ray threads or sockets in the child); it only reads files.
+    Returns the pipe end to close when the search ends in a known state (the watcher then exits)."""
+    read_end, write_end = os.pipe()
+    if os.fork() != 0:
+        os.close(read_end)  # the write end stays open in this process until it ends, however it ends
+        return write_end
+    try:
+        os.close(write_end)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle, not ours
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while os.read(read_end, 1):
+            pass
+        state = json.loads(run.state_file.read_text()) if run.state_file.exists() else {}
+        if state.get("status") in ("reserved", "running"):
+            try:
+                status = Ledger(ledger_path).charge(int(state["charge_id"])).status
+            except Exception:
+                status = "reserved"
+            safely(lambda: run.write_state(status="failed"))
+            print(f"error: the search process ended without finishing (Ray's head raylet died, or the process was "
+                  f"killed). Nothing was released; the charge of epsilon = {epsilon:.4f} in {ledger_path} stays "
+                  f"{status} (it counts against the budget). Continue with: {resume_command}", file=sys.stderr,
+                  flush=True)
+    except BaseException:
+        pass
+    finally:
+        os._exit(0)

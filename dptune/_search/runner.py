@@ -33,7 +33,7 @@ from dptune.errors import ConfigError
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow
 
-__all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "run_trials"]
+__all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "run_trials", "sealed_ray_logs"]
 
 # Tune's default CSV/JSON/TensorBoard loggers hold per-trial metrics and cost time per trial; dptune
 # writes its own sealed record. Trials keep the driver's working directory. Mid-trial checkpoint reports
@@ -95,11 +95,15 @@ def _trial_name(trial: Any) -> str:
 
 
 @contextmanager
-def _ray_logs_to(path: Path) -> Iterator[None]:
-    """Ray's and Tune's log records go to a sealed file while trials run, not to the terminal: their ERROR
-    lines (a trial task failed, trials did not complete, a worker died) name trials and count them."""
+def sealed_ray_logs(path: Path) -> Iterator[None]:
+    """Ray's and Tune's log records, and the error messages Ray's driver prints for the cluster (a raylet's
+    death banner, "a worker died"), go to a sealed file, not the terminal: Tune's ERROR lines name trials
+    and count them, one banner per lost worker counts the trials running at a node's death."""
+    import ray._private.worker as ray_worker
+
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    handler = logging.StreamHandler(os.fdopen(fd, "a"))
+    stream = os.fdopen(fd, "a")
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
     loggers = [logging.getLogger(n) for n in names]
@@ -108,9 +112,20 @@ def _ray_logs_to(path: Path) -> Iterator[None]:
     for lg in loggers:
         lg.handlers = [handler]
         lg.propagate = False
+    printer = ray_worker.print_to_stdstream  # Ray's error-message thread calls it by this module name
+
+    def to_sealed(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        try:
+            stream.write("".join(f"({data.get('pid', 'ray')}) {line}\n" for line in data.get("lines", [])))
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    ray_worker.print_to_stdstream = to_sealed
     try:
         yield
     finally:
+        ray_worker.print_to_stdstream = printer
         for lg, handlers, propagate in saved:
             lg.handlers = handlers
             lg.propagate = propagate
@@ -258,7 +273,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
         resources)
     log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)
     try:
-        with _Heartbeat(), _sigterm_as_sigint(), _ray_logs_to(run.sealed / "logs" / "ray.log"):
+        with _Heartbeat(), _sigterm_as_sigint():
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
         where = _log_traceback(run)
