@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -272,3 +273,37 @@ def test_an_unwritable_run_folder_after_the_reservation_says_where_the_charge_st
     again = _run(tmp_path, command.split()[1:], _env(isolated_env))
     assert again.returncode == 0, again.stdout + again.stderr
     assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["committed"]
+
+
+@pytest.fixture
+def immutable() -> Iterator[Callable[[Path], None]]:
+    """Make a folder read-only even for root (chattr +i; chmod does not stop root), undone afterwards."""
+    folders: list[Path] = []
+
+    def make(folder: Path) -> None:
+        r = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"chattr +i unavailable here: {r.stderr.strip()}")
+        folders.append(folder)
+
+    yield make
+    for f in folders:
+        subprocess.run(["chattr", "-i", str(f)], check=False)
+
+
+def test_ledger_show_reads_a_ledger_in_a_read_only_folder(tmp_path: Path, isolated_env: dict[str, str],
+                                                          immutable: Callable[[Path], None]) -> None:
+    """Item 19: `ledger show` could not read a ledger whose folder is read-only (SQLite's WAL needs to create
+    files beside it): the curator could not even see where a failed search's charge stands."""
+    import dp_accounting
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    ledger = Ledger(folder / "ledger.sqlite")
+    ledger.set_budget("f" * 64, 10.0, 1e-5, label="digits")
+    ledger.reserve("f" * 64, "digits-run", dp_accounting.GaussianDpEvent(5.0))
+    immutable(folder)
+    r = subprocess.run([sys.executable, "-m", "dptune.ledger", "show", "--ledger", str(folder / "ledger.sqlite")],
+                       capture_output=True, text=True, env=_env(isolated_env), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "reserved" in r.stdout and "digits-run" in r.stdout, r.stdout

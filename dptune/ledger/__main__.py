@@ -28,6 +28,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reader(path: Path) -> Ledger:
+    """The ledger for reading: opened as usual (upgrading an older schema), or read-only when its folder or
+    file cannot be written (SQLite would need to create its -wal/-shm files beside it)."""
+    import sqlite3
+
+    try:
+        ledger = Ledger(path)
+        ledger.fingerprints()
+        return ledger
+    except (sqlite3.OperationalError, PermissionError):
+        return Ledger(path, read_only=True)
+
+
 def _show(ledger: Ledger) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for fp in ledger.fingerprints():
@@ -43,7 +56,10 @@ def _show(ledger: Ledger) -> list[dict[str, Any]]:
 def _main(args: argparse.Namespace) -> int:
     if args.command == "show" and not Path(args.ledger).is_file():
         raise ConfigError("--ledger", f"{args.ledger!r} does not exist", "give the ledger file a search wrote")
-    ledger = Ledger(args.ledger)
+    if args.command == "show":
+        ledger = _reader(Path(args.ledger))
+    else:
+        ledger = Ledger(args.ledger)
     if args.command == "set-budget":
         ledger.set_budget(args.fingerprint, args.epsilon, args.delta, args.label)
         print(f"budget for {args.fingerprint[:12]}: ε = {args.epsilon:g}, δ = {args.delta:g}")

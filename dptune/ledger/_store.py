@@ -96,13 +96,18 @@ def _private_file(path: Path, create: bool) -> None:
 
 
 class Ledger:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        """``read_only``: only read (e.g. ``ledger show`` of a ledger in a read-only folder or on a read-only
+        mount): nothing is created, tightened or upgraded; SQLite opens the file immutable (no -wal/-shm)."""
         self.path = Path(path)
+        self.read_only = read_only
         if self.path.exists() and self.path.is_dir():
             raise ConfigError("--ledger", f"{str(self.path)!r} is a directory", "give a file path, e.g. runs/ledger.sqlite")
+        self.key_path = self.path.with_name(self.path.name + ".key")
+        if read_only:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
-        self.key_path = self.path.with_name(self.path.name + ".key")
         if not self.key_path.exists():
             fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
@@ -129,6 +134,9 @@ class Ledger:
                         (secrets.token_hex(16), event_sha256(event_from_json(json.loads(text))), cid))
 
     def _connect(self) -> sqlite3.Connection:
+        if self.read_only:  # every writer closed cleanly has checkpointed its WAL into the file
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                   isolation_level=None)
         con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA synchronous=FULL")  # durable at COMMIT: a reservation survives a crash
