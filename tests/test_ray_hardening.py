@@ -37,6 +37,7 @@ def test_trial_work_dirs_with_their_secrets_are_not_left_in_tmp(tmp_path: Path,
     assert r.returncode == 0, r.stdout + r.stderr
     # item 12: the mode is printed as verified after Ray started, not assumed
     assert "verified, the dashboard refused a request without the token (HTTP 401)" in r.stdout, r.stdout
+    assert "Ray listens beyond loopback" in r.stdout  # item 15: measured after start and printed
     assert (tmp_path / "runs" / "work" / "release" / "best_checkpoint.pt").is_file()
     left = [p for p in tmp.rglob("*") if p.name.startswith("dptune-trial-") or p.name == "trial.pt"]
     assert left == [], left
@@ -108,3 +109,46 @@ def test_ray_temp_dir_is_unreachable_by_other_users_and_a_killed_runs_is_removed
         proc.communicate("\n", timeout=120)
     assert proc.returncode == 0
     assert not parent.exists()
+
+
+def _metrics(port: int) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except Exception:  # not HTTP (a gRPC port)
+        return 0, ""
+
+
+@pytest.mark.ray
+def test_no_prometheus_exporter_answers_without_the_token_and_exposure_is_listed(
+        tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """Item 15: Ray's Prometheus exporters answered GET /metrics on 0.0.0.0 without the token
+    (``ray_actors{Name="ImplicitFunc"}``, ``ray_tasks``: K and per-trial timing). Measured from outside on the
+    session's process tree: no port beyond loopback serves /metrics, none on loopback serves actor or task
+    series; what still listens beyond loopback is what dptune lists (and prints)."""
+    import importlib
+
+    from dptune._search.raysession import listening_beyond_loopback  # imports Ray, which ships psutil
+
+    psutil = importlib.import_module("psutil")
+
+    proc, _, _ = _session({**isolated_env, "PYTHONPATH": str(ROOT)})
+    try:
+        tree = {p.pid for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]}
+        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in tree]
+        assert listening
+        for c in listening:
+            status, body = _metrics(c.laddr.port)
+            if c.laddr.ip not in ("127.0.0.1", "::1"):
+                assert status != 200 or "# TYPE" not in body, (c, body[:200])
+            assert "ray_actors" not in body and "ray_tasks" not in body, (c, body[:200])
+        exposed = listening_beyond_loopback(proc.pid)
+        beyond = {c.laddr.port for c in listening if c.laddr.ip not in ("127.0.0.1", "::1")}
+        assert {int(e.rsplit(":", 1)[1]) for e in exposed} == beyond, (exposed, beyond)
+    finally:
+        proc.communicate("\n", timeout=120)

@@ -224,6 +224,9 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
     with session as dashboard, runner.sealed_ray_logs(run.sealed / "logs" / "ray.log"):
         say(f"  Ray dashboard: {dashboard or 'see your cluster head'} ({session.auth}; the dashboard and its job "
             "API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
+        if session.exposed:  # measured after start: what Ray 2.60 cannot bind to loopback (token-checked)
+            say(f"  Ray listens beyond loopback (its gRPC and agents require the token; README: what others see): "
+                f"{', '.join(session.exposed)}")
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,

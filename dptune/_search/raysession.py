@@ -23,7 +23,7 @@ import ray
 from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune.errors import ConfigError
 
-__all__ = ["RaySession", "private_ray_parent", "remove_stale_ray_dirs"]
+__all__ = ["RaySession", "listening_beyond_loopback", "private_ray_parent", "remove_stale_ray_dirs"]
 
 _PARENT_PREFIX = "dptune-ray-"
 _OWNER = "owner"  # "<pid> <process start time>" of the driver that made the parent
@@ -126,6 +126,30 @@ def verify_token_auth(dashboard: str | None) -> str:
     return f"token authentication is on: verified, the dashboard refused a request without the token (HTTP {status})"
 
 
+def listening_beyond_loopback(pid: int | None = None) -> list[str]:
+    """What the Ray processes this process started (its descendants) listen on beyond loopback, measured
+    from the kernel's socket table after start: ``name address:port`` ('*' = every interface)."""
+    import ipaddress
+
+    try:
+        import psutil  # Ray ships it (ray/thirdparty_files, on sys.path once ray is imported)
+    except ImportError:  # pragma: no cover
+        return ["(unknown: psutil is not installed)"]
+    root = psutil.Process(pid)
+    procs = {p.pid: p for p in [root, *root.children(recursive=True)]}
+    out = set()
+    for c in psutil.net_connections(kind="inet"):
+        if c.status != psutil.CONN_LISTEN or c.pid not in procs or ipaddress.ip_address(c.laddr.ip).is_loopback:
+            continue
+        try:
+            name = procs[c.pid].name().removeprefix("ray::")
+        except psutil.Error:
+            name = "?"
+        host = "*" if c.laddr.ip in ("0.0.0.0", "::") else c.laddr.ip
+        out.add(f"{name} {host}:{c.laddr.port}")
+    return sorted(out)
+
+
 class RaySession:
     """``with RaySession(opts) as dashboard_url:`` a local Ray (or the cluster at ``opts.address``)."""
 
@@ -135,6 +159,7 @@ class RaySession:
         self.temp_dir: str | None = None
         self.dashboard: str | None = None
         self.auth = ""  # what was verified after start, in words (printed)
+        self.exposed: list[str] = []  # "process address:port" of the Ray processes listening beyond loopback
 
     def __enter__(self) -> str | None:
         remove_stale_ray_dirs()
@@ -162,10 +187,17 @@ class RaySession:
             # session logs, sockets, spilled objects and trial work dirs below the owner-only parent, not in
             # world-readable /tmp/ray (Ray makes this child 0777; the parent keeps others out)
             self.temp_dir = str(self.parent / "r")
-            # address="local": always a new private instance, never a Ray someone else advertised here
+            # Ray's Prometheus exporters answer GET /metrics without the token (actor and task counts: K and
+            # per-trial timing) — the dashboard's on 0.0.0.0 unless the node's address is loopback, the
+            # agent's always: no metrics collection, and a node on 127.0.0.1 (its own servers bind there
+            # where Ray allows; the rest is listed after start)
+            os.environ["RAY_enable_metrics_collection"] = "0"  # noqa: SIM112 (Ray reads this exact name)
+            # address="local": always a new private instance, never a Ray someone else advertised here; no
+            # Ray Client server is started by a local ray.init
             ctx = ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=True,
                            dashboard_host=opts.dashboard_host, log_to_driver=False, job_config=job_config,
-                           logging_level=logging.WARNING, _temp_dir=self.temp_dir, **kwargs)
+                           logging_level=logging.WARNING, _temp_dir=self.temp_dir, _node_ip_address="127.0.0.1",
+                           **kwargs)
         for name in ("ray.tune", "ray.train", "ray.air"):  # their warnings can count trials
             logging.getLogger(name).setLevel(logging.ERROR)
         check_token_file(create=False)  # whatever Ray wrote must be owner-only too
@@ -174,6 +206,7 @@ class RaySession:
             url = "http://" + str(url)
         self.dashboard = url
         self.auth = verify_token_auth(url if not opts.address else None)
+        self.exposed = [] if opts.address else listening_beyond_loopback()
         return url
 
     def __exit__(self, *exc: object) -> None:
