@@ -224,9 +224,11 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
     with session as dashboard, runner.sealed_ray_logs(run.sealed / "logs" / "ray.log"):
         say(f"  Ray dashboard: {dashboard or 'see your cluster head'} ({session.auth}; the dashboard and its job "
             "API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
-        if session.exposed:  # measured after start: what Ray 2.60 cannot bind to loopback (token-checked)
-            say(f"  Ray listens beyond loopback (its gRPC and agents require the token; README: what others see): "
+        if session.exposed:  # measured after start from the socket table (a joined cluster: not measured)
+            say(f"  Ray listens beyond loopback (token-checked; README: what others can see): "
                 f"{', '.join(session.exposed)}")
+        elif not opts.address:
+            say("  Ray listens on loopback only (its processes' listening sockets, checked after start)")
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
@@ -294,12 +296,13 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
                                                                              req.resume_command)
     try:
         return _after_reservation(req, run, ledger, p, charge, draw, say)
-    except ConfigError as e:  # Ray's start-up checks (token auth really on, GPUs): no trial of this session ran
+    except _RefusedBeforeTrials as refused:  # Ray's start-up checks (token auth really on, GPUs)
+        e = refused.error
         if req.resume:  # trials of an earlier session ran under this charge: it stays
             raise stopped(req.ledger, run, charge, e, interrupted=False) from None
         safely(lambda: ledger.abort(charge.id))  # nothing ran under this charge: released, as any refusal
         safely(lambda: run.write_state(status="aborted"))
-        raise
+        raise e from None
     except (Exception, KeyboardInterrupt) as e:
         raise stopped(req.ledger, run, charge, e, interrupted=is_interrupt(e)) from None
     finally:  # the search ended in a known state: the watcher exits without a word
@@ -307,9 +310,18 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
             os.close(watcher)
 
 
+class _RefusedBeforeTrials(Exception):
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _after_reservation(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,
                        say: Callable[[str], None]) -> SearchOutcome:
-    rows, dashboard = _run_trials(req, run, p, draw, say)
+    try:
+        rows, dashboard = _run_trials(req, run, p, draw, say)
+    except ConfigError as e:  # raised before Tune starts (Ray's start-up checks, GPUs): no trial ran
+        raise _RefusedBeforeTrials(e) from None
     write_trials(run.trials_file, rows)
     return _release(req, run, ledger, p, charge, draw, rows, dashboard)
 

@@ -23,7 +23,7 @@ import ray
 from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune.errors import ConfigError
 
-__all__ = ["RaySession", "listening_beyond_loopback", "private_ray_parent", "remove_stale_ray_dirs"]
+__all__ = ["RaySession", "is_loopback", "listening_beyond_loopback", "private_ray_parent", "remove_stale_ray_dirs"]
 
 _PARENT_PREFIX = "dptune-ray-"
 _OWNER = "owner"  # "<pid> <process start time>" of the driver that made the parent
@@ -126,11 +126,29 @@ def verify_token_auth(dashboard: str | None) -> str:
     return f"token authentication is on: verified, the dashboard refused a request without the token (HTTP {status})"
 
 
+def _loopback_node() -> None:
+    """A local search's Ray node on 127.0.0.1: ray.init turns an explicit 127.0.0.1 into the host's address,
+    but a node whose address is loopback (Ray's single-machine mode, as on macOS) binds its dashboard's and
+    autoscaler's Prometheus exporters and its agents' gRPC to loopback. Child processes read the variable,
+    this process Ray's constant (read when Ray was imported)."""
+    import ray._private.ray_constants as ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1, and IPv4-mapped loopback (``::ffff:127.0.0.1``, how gRPC reports its binds)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
 def listening_beyond_loopback(pid: int | None = None) -> list[str]:
     """What the Ray processes this process started (its descendants) listen on beyond loopback, measured
     from the kernel's socket table after start: ``name address:port`` ('*' = every interface)."""
-    import ipaddress
-
     try:
         import psutil  # Ray ships it (ray/thirdparty_files, on sys.path once ray is imported)
     except ImportError:  # pragma: no cover
@@ -139,7 +157,7 @@ def listening_beyond_loopback(pid: int | None = None) -> list[str]:
     procs = {p.pid: p for p in [root, *root.children(recursive=True)]}
     out = set()
     for c in psutil.net_connections(kind="inet"):
-        if c.status != psutil.CONN_LISTEN or c.pid not in procs or ipaddress.ip_address(c.laddr.ip).is_loopback:
+        if c.status != psutil.CONN_LISTEN or c.pid not in procs or is_loopback(c.laddr.ip):
             continue
         try:
             name = procs[c.pid].name().removeprefix("ray::")
@@ -192,12 +210,12 @@ class RaySession:
             # agent's always: no metrics collection, and a node on 127.0.0.1 (its own servers bind there
             # where Ray allows; the rest is listed after start)
             os.environ["RAY_enable_metrics_collection"] = "0"  # noqa: SIM112 (Ray reads this exact name)
+            _loopback_node()
             # address="local": always a new private instance, never a Ray someone else advertised here; no
             # Ray Client server is started by a local ray.init
             ctx = ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=True,
                            dashboard_host=opts.dashboard_host, log_to_driver=False, job_config=job_config,
-                           logging_level=logging.WARNING, _temp_dir=self.temp_dir, _node_ip_address="127.0.0.1",
-                           **kwargs)
+                           logging_level=logging.WARNING, _temp_dir=self.temp_dir, **kwargs)
         for name in ("ray.tune", "ray.train", "ray.air"):  # their warnings can count trials
             logging.getLogger(name).setLevel(logging.ERROR)
         check_token_file(create=False)  # whatever Ray wrote must be owner-only too
