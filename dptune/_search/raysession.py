@@ -126,15 +126,29 @@ def verify_token_auth(dashboard: str | None) -> str:
     return f"token authentication is on: verified, the dashboard refused a request without the token (HTTP {status})"
 
 
-def _loopback_node() -> None:
+_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_SAVED: dict[str, Any] = {}
+
+
+def _loopback_node(on: bool = True) -> None:
     """A local search's Ray node on 127.0.0.1: ray.init turns an explicit 127.0.0.1 into the host's address,
     but a node whose address is loopback (Ray's single-machine mode, as on macOS) binds its dashboard's and
     autoscaler's Prometheus exporters and its agents' gRPC to loopback. Child processes read the variable,
     this process Ray's constant (read when Ray was imported)."""
     import ray._private.ray_constants as ray_constants
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if on:
+        _SAVED.setdefault("env", os.environ.get(_CLUSTER_ENV))
+        _SAVED.setdefault("constant", ray_constants.ENABLE_RAY_CLUSTER)
+        os.environ[_CLUSTER_ENV] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    elif _SAVED:  # after the session: as before it (a later search in this process may join a cluster)
+        env, constant = _SAVED.pop("env"), _SAVED.pop("constant")
+        if env is None:
+            os.environ.pop(_CLUSTER_ENV, None)
+        else:
+            os.environ[_CLUSTER_ENV] = str(env)
+        ray_constants.ENABLE_RAY_CLUSTER = bool(constant)
 
 
 def is_loopback(address: str) -> bool:
@@ -230,5 +244,7 @@ class RaySession:
     def __exit__(self, *exc: object) -> None:
         if ray.is_initialized():
             ray.shutdown()
+        if not self.opts.address:
+            _loopback_node(on=False)
         if self.parent is not None:
             shutil.rmtree(self.parent, ignore_errors=True)
