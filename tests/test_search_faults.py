@@ -307,3 +307,31 @@ def test_ledger_show_reads_a_ledger_in_a_read_only_folder(tmp_path: Path, isolat
                        capture_output=True, text=True, env=_env(isolated_env), cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "reserved" in r.stdout and "digits-run" in r.stdout, r.stdout
+
+
+def test_a_ledger_folder_turned_read_only_mid_search_keeps_the_charge_and_resumes(
+        tmp_path: Path, isolated_env: dict[str, str], immutable: Callable[[Path], None]) -> None:
+    """Item 19: a ledger folder that became read-only before the commit gave a raw traceback. Now: exit 1,
+    nothing released (no half-written release), the charge read back as reserved, the exact resume command."""
+    env = _env(isolated_env)
+    (tmp_path / "led").mkdir()
+    args = _args("roled")
+    args[args.index("--ledger") + 1] = "led/ledger.sqlite"
+    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    state = tmp_path / "runs" / "roled" / "sealed" / "state.json"
+    try:
+        _wait(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
+        immutable(tmp_path / "led")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in err and "stays reserved" in err, err
+    assert not any((tmp_path / "runs" / "roled" / "release").iterdir())
+    command = err.split("continue with: ", 1)[1].strip()
+    subprocess.run(["chattr", "-i", str(tmp_path / "led")], check=True)
+    again = _run(tmp_path, command.split()[1:], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [c.status for c in Ledger(tmp_path / "led" / "ledger.sqlite").charges()] == ["committed"]

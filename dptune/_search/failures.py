@@ -17,7 +17,7 @@ from dptune.ledger import Charge, Ledger
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
 
-__all__ = ["SearchStopped", "is_interrupt", "safely", "stopped", "watch_for_sudden_death"]
+__all__ = ["SearchStopped", "charge_status", "is_interrupt", "safely", "stopped", "watch_for_sudden_death"]
 
 
 class SearchStopped(Exception):
@@ -56,6 +56,16 @@ def safely(step: Callable[[], Any]) -> bool:
         return False
 
 
+def charge_status(ledger_path: Path, charge_id: int) -> str:
+    """The charge's status read back from the ledger (read-only if its folder cannot be written)."""
+    for read_only in (False, True):
+        try:
+            return Ledger(ledger_path, read_only=read_only).charge(charge_id).status
+        except Exception:
+            continue
+    return "reserved (as far as dptune knows: the ledger could not be read back)"
+
+
 def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, interrupted: bool) -> SearchStopped:
     """Seal what finished, log the traceback (sealed: it can name a trial's config), and say where the
     charge stands — each step best-effort: the failure may be the disk or the ledger itself."""
@@ -82,19 +92,20 @@ def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, in
         cause = str(e)
     else:
         cause = "interrupted"
-    if not interrupted:  # a release is valid only once the search finished: none may be left half-written
-        def unrelease() -> None:
-            for f in run.release.iterdir():
-                f.unlink()
+    status = charge_status(ledger_path, charge.id)
+    if status.startswith("reserved"):
+        what = (f"the charge of epsilon = {charge.epsilon:.4f} in {ledger_path} stays {status} (it counts against "
+                "the budget)")
+        if not interrupted:  # a release is valid only once its charge is committed: none may be left half-written
+            def unrelease() -> None:
+                for f in run.release.iterdir():
+                    f.unlink()
 
-        safely(unrelease)
-    status = "reserved"
-    try:
-        status = Ledger(ledger_path).charge(charge.id).status
-    except Exception:
-        status = "reserved (as far as dptune knows: the ledger could not be read back)"
-    what = (f"the charge of epsilon = {charge.epsilon:.4f} in {ledger_path} stays {status} (it counts against "
-            "the budget)" if status.startswith("reserved") else f"the charge in {ledger_path} is {status}")
+            safely(unrelease)
+    elif status == "committed":  # the release was complete before the failure (e.g. writing the final state)
+        what = f"the charge in {ledger_path} is committed and {run.release} is complete"
+    else:
+        what = f"the charge in {ledger_path} is {status}"
     return SearchStopped(interrupted=interrupted, cause=cause, charge=what, run=run.root, ledger=ledger_path,
                          rows=rows)
 
@@ -117,10 +128,7 @@ def watch_for_sudden_death(run: RunDir, ledger_path: Path, epsilon: float, resum
             pass
         state = json.loads(run.state_file.read_text()) if run.state_file.exists() else {}
         if state.get("status") in ("reserved", "running"):
-            try:
-                status = Ledger(ledger_path).charge(int(state["charge_id"])).status
-            except Exception:
-                status = "reserved"
+            status = charge_status(ledger_path, int(state["charge_id"]))
             safely(lambda: run.write_state(status="failed"))
             print(f"error: the search process ended without finishing (Ray's head raylet died, or the process was "
                   f"killed). Nothing was released; the charge of epsilon = {epsilon:.4f} in {ledger_path} stays "
