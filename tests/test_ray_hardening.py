@@ -86,7 +86,7 @@ def _session(env: dict[str, str]) -> tuple[subprocess.Popen[str], Path, Path]:
 
 
 @pytest.mark.ray
-def test_ray_temp_dir_is_unreachable_by_other_users_and_a_killed_runs_is_removed(
+def test_ray_temp_dir_is_unreachable_by_other_users_and_removed_after_a_kill(
         tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """Item 11: Ray chmods its temp dir and session dirs 0777; they must sit below a 0700 parent that we own
     (checked from outside: the mode bits along the path), and a SIGKILLed search's is removed on the next start."""
@@ -125,7 +125,7 @@ def _metrics(port: int) -> tuple[int, str]:
 
 
 @pytest.mark.ray
-def test_no_prometheus_exporter_answers_without_the_token_and_exposure_is_listed(
+def test_a_local_search_listens_on_loopback_only_and_no_exporter_serves_trial_series(
         tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """Item 15: Ray's Prometheus exporters answered GET /metrics on 0.0.0.0 without the token
     (``ray_actors{Name="ImplicitFunc"}``, ``ray_tasks``: K and per-trial timing). Measured from outside on the
