@@ -59,4 +59,5 @@ def test_cluster_turns_ray_usage_stats_off_on_every_node() -> None:
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         [start] = [c for c in prepared[key] if "ray start" in c]
         assert "RAY_USAGE_STATS_ENABLED=0" in start and "--disable-usage-stats" in start, (key, start)
+        assert "RAY_enable_metrics_collection=0" in start, (key, start)  # exporters answer without the token
     assert any("export RAY_USAGE_STATS_ENABLED=0" in c for c in prepared["setup_commands"])
