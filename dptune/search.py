@@ -158,26 +158,35 @@ def _ledger_path(given: str | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    return run_cli(lambda: _main(args))
+    return run_cli(lambda: _main(args, argv))
 
 
-def _main(args: argparse.Namespace) -> int:
-    from dptune._search.driver import run_search
-    from dptune._search.runner import SearchFailed, SearchInterrupted
+def resume_command(argv: list[str], name: str) -> str:
+    """The exact command that continues this search: the same flags, its --name, and --resume."""
+    import shlex
+
+    tokens = [t for t in argv if t != "--resume"]
+    if not any(t == "--name" or t.startswith("--name=") for t in tokens):
+        tokens += ["--name", name]
+    return "python -m dptune.search " + shlex.join([*tokens, "--resume"])
+
+
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
+    from dptune._search.driver import SearchStopped, run_search
 
     req = _request(args)
+    command = resume_command(argv, req.run_dir.name)
     try:
-        out = run_search(req)
-    except (SearchInterrupted, KeyboardInterrupt):
-        print(f"interrupted; nothing was released. The charge stays reserved (it counts) and the finished trials "
-              f"are sealed. Continue with: python -m dptune.search --space {args.space} --name "
-              f"{req.run_dir.name} --runs-dir {args.runs_dir} --ledger {req.ledger} --resume "
-              "(with the same flags as before)", file=sys.stderr)
-        return 130
-    except SearchFailed as e:
-        print(f"error: {e}. Nothing was released; the charge stays reserved (it counts). Fix the cause, then "
-              "--resume the search.", file=sys.stderr)
+        out = run_search(dataclasses.replace(req, resume_command=command))
+    except SearchStopped as e:
+        if e.interrupted:
+            print(f"interrupted; nothing was released. {e.charge[0].upper()}{e.charge[1:]}; the finished trials are "
+                  f"sealed. Continue with: {command}", file=sys.stderr)
+            return 130
+        print(f"error: {e.cause}. Nothing was released; {e.charge}. Fix the cause, then continue with: {command}",
+              file=sys.stderr)
         return 1
     _print_release(req, out)
     return 0
@@ -196,7 +205,8 @@ def _print_release(req: SearchRequest, out: Any) -> None:
     elif req.space.privacy.selection == "noisy_max":
         print(f"  score:  none — {release['score_kind']}")
     else:
-        print("  score:  none (no trial was drawn: the space's default config is released)")
+        # the same words whether no trial was drawn or every drawn trial diverged: neither says what K was
+        print("  score:  none (no trial produced a finite score — none was drawn, or every drawn trial diverged)")
     rule = release.get("scaling_rule")
     if rule is not None:
         print(f"  rule:   the final run sets learning_rate = {rule['lr_times_sigma']:.4g} / its noise multiplier "

@@ -50,3 +50,14 @@ def test_validation_rejects_a_broken_config() -> None:
     config["available_node_types"]["gpu_worker"]["unknown_field"] = 1
     with pytest.raises(jsonschema.ValidationError):
         _validate(config)
+
+
+def test_cluster_turns_ray_usage_stats_off_on_every_node() -> None:
+    """Issue 22 item 14: Ray's usage reporting is off on the head and on every worker, and in the nodes' shells
+    (jobs and `ray` commands run there)."""
+    prepared = _validate(yaml.safe_load(CLUSTER.read_text()))
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        [start] = [c for c in prepared[key] if "ray start" in c]
+        assert "RAY_USAGE_STATS_ENABLED=0" in start and "--disable-usage-stats" in start, (key, start)
+        assert "RAY_enable_metrics_collection=0" in start, (key, start)  # exporters answer without the token
+    assert any("export RAY_USAGE_STATS_ENABLED=0" in c for c in prepared["setup_commands"])

@@ -47,7 +47,7 @@ def old_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(driver, "_run_trials", interrupted)
-        with pytest.raises(SearchInterrupted):
+        with pytest.raises(driver.SearchStopped):
             driver.run_search(req, say=lambda line: None)
     run = RunDir(req.run_dir)
     spec = run.read_state()["run_spec"]

@@ -19,7 +19,8 @@ from typing import Any
 import optuna.distributions as od
 
 from dptune._search.draw import Draw, make_draw
-from dptune._search.options import RayOptions, check_token_file
+from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
+from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta
@@ -35,7 +36,7 @@ from dptune.release import (
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
 
-__all__ = ["SearchOutcome", "SearchRequest", "run_search", "run_spec", "sealed_run_spec"]
+__all__ = ["SearchOutcome", "SearchRequest", "SearchStopped", "run_search", "run_spec", "sealed_run_spec"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class SearchRequest:
     seed: int | None = None  # NOT PRIVATE
     show_trials: bool = False
     ray: RayOptions = dataclasses.field(default_factory=RayOptions)
+    # the exact command that resumes this search (the CLI's): a watcher process prints it if this process
+    # dies without a word (a killed head raylet ends Ray's driver at once); None: no watcher (the API)
+    resume_command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -253,9 +257,15 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         "dptune_run": run.root.name, "dptune_space": req.space.name, "dptune_epsilon": eps,
         "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
     opts = dataclasses.replace(opts, py_modules=user_modules(req.space.fixed.model))
-    with RaySession(opts) as dashboard:
-        say(f"  Ray dashboard: {dashboard or 'see your cluster head'} (Ray token authentication is on: the dashboard "
-            "and its job API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
+    session = RaySession(opts)
+    with session as dashboard, runner.sealed_ray_logs(run.sealed / "logs" / "ray.log"):
+        say(f"  Ray dashboard: {dashboard or 'see your cluster head'} ({session.auth}; the dashboard and its job "
+            "API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
+        if session.exposed:  # measured after start from the socket table (a joined cluster: not measured)
+            say(f"  Ray listens beyond loopback (token-checked; README: what others can see): "
+                f"{', '.join(session.exposed)}")
+        elif not opts.address:
+            say("  Ray listens on loopback only (its processes' listening sockets, checked after start)")
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
@@ -291,13 +301,23 @@ def _installed(path: Path) -> bool:
     return any(path.is_relative_to(Path(r).resolve()) for r in roots if r)
 
 
+def absolute_paths(req: SearchRequest) -> SearchRequest:
+    """Every local path of a request made absolute against today's working directory, before Ray sees any."""
+    storage = req.ray.storage_path
+    if storage is not None and "://" not in storage:
+        storage = str(Path(storage).expanduser().resolve())
+    return dataclasses.replace(req, run_dir=req.run_dir.expanduser().resolve(), ledger=req.ledger.expanduser().resolve(),
+                               ray=dataclasses.replace(req.ray, storage_path=storage))
+
+
 def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> SearchOutcome:
     """Run (or resume) one search; raises ConfigError before anything is charged for bad input, and
-    ``runner.SearchInterrupted`` (trials sealed, charge kept) when interrupted."""
-    from dptune._search.runner import SearchInterrupted
-
+    :class:`SearchStopped` (trials sealed, charge kept, nothing released) when a search with a reserved
+    charge is interrupted or fails, whatever failed."""
     check_space(req.space)  # however the space was built (file, dict, object, overrides): before anything runs
     os.umask(0o077)  # every file this search (and the Ray it starts) writes is owner-only
+    req = absolute_paths(req)  # Ray reads a relative path as a URI without a scheme (Tuner.restore fails)
+    check_auth_mode()  # RAY_AUTH_MODE=disabled in the environment is refused before anything is charged
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
     p = _prepare(req)
     ledger = Ledger(req.ledger)
@@ -313,12 +333,36 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     say(f"  ledger: {ledger.path}")
     say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
         f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
+    watcher = None if req.resume_command is None else watch_for_sudden_death(run, req.ledger, charge.epsilon,
+                                                                             req.resume_command)
+    try:
+        return _after_reservation(req, run, ledger, p, charge, draw, say)
+    except _RefusedBeforeTrials as refused:  # Ray's start-up checks (token auth really on, GPUs)
+        e = refused.error
+        if req.resume:  # trials of an earlier session ran under this charge: it stays
+            raise stopped(req.ledger, run, charge, e, interrupted=False) from None
+        safely(lambda: ledger.abort(charge.id))  # nothing ran under this charge: released, as any refusal
+        safely(lambda: run.write_state(status="aborted"))
+        raise e from None
+    except (Exception, KeyboardInterrupt) as e:
+        raise stopped(req.ledger, run, charge, e, interrupted=is_interrupt(e)) from None
+    finally:  # the search ended in a known state: the watcher exits without a word
+        if watcher is not None:
+            os.close(watcher)
+
+
+class _RefusedBeforeTrials(Exception):
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _after_reservation(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,
+                       say: Callable[[str], None]) -> SearchOutcome:
     try:
         rows, dashboard = _run_trials(req, run, p, draw, say)
-    except SearchInterrupted as e:
-        write_trials(run.trials_file, e.rows)
-        run.write_state(status="interrupted")
-        raise
+    except ConfigError as e:  # raised before Tune starts (Ray's start-up checks, GPUs): no trial ran
+        raise _RefusedBeforeTrials(e) from None
     write_trials(run.trials_file, rows)
     return _release(req, run, ledger, p, charge, draw, rows, dashboard)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dptune.errors import ConfigError
 
-__all__ = ["RayOptions", "check_token_file"]
+__all__ = ["RayOptions", "check_auth_mode", "check_token_file"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,17 @@ class RayOptions:
     # shipped with Ray's runtime_env py_modules
     py_modules: tuple[str, ...] = ()
     job_metadata: dict[str, str] = field(default_factory=dict)
+
+
+def check_auth_mode() -> None:
+    """Ray honours ``RAY_AUTH_MODE`` from the environment: anything but ``token`` (e.g. ``disabled`` left in a
+    shell) would start or join Ray without token authentication, and anyone reaching its ports could submit
+    a job that reads sealed/. Refused before anything is charged; dptune sets ``token`` when it is unset."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.strip().lower() != "token":
+        raise ConfigError("RAY_AUTH_MODE", f"is {mode!r} in this environment: Ray would run without token "
+                          "authentication (anyone who reaches its ports could run jobs that read sealed/)",
+                          "unset RAY_AUTH_MODE (dptune turns token authentication on) or set RAY_AUTH_MODE=token")
 
 
 def _token_path() -> Path:

@@ -9,7 +9,9 @@ would cap K, which random stopping forbids (rule 1).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import signal
 import threading
 import time
@@ -32,7 +34,8 @@ from dptune.errors import ConfigError
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow
 
-__all__ = ["SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials"]
+__all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials",
+           "sealed_ray_logs"]
 
 # Tune's default CSV/JSON/TensorBoard loggers hold per-trial metrics and cost time per trial; dptune
 # writes its own sealed record. Trials keep the driver's working directory. Mid-trial checkpoint reports
@@ -49,6 +52,18 @@ class SearchInterrupted(Exception):
     def __init__(self, rows: list[TrialRow]) -> None:
         super().__init__("interrupted")
         self.rows = rows
+
+
+class InfrastructureFailure(SearchInterrupted):
+    """Some trial failed for a reason that does not depend on the data (an import, the model factory, out
+    of memory, a lost node) even after Ray's retries: not a result. The search stops like an interrupt:
+    ``rows`` finished (sealed), nothing is released, the charge stays reserved, ``--resume`` reruns the rest
+    after the fix. Says neither which trial nor how many (that would bound K)."""
+
+    def __init__(self, rows: list[TrialRow], log: Path) -> None:
+        super().__init__(rows)
+        self.args = (f"a trial failed for a reason that is not a result of the data (an import, the model "
+                     f"factory, memory, a lost node); its error is in {log} (curator only)",)
 
 
 class SearchFailed(Exception):
@@ -72,13 +87,62 @@ def _gpus(opts: RayOptions) -> float:
     return g
 
 
+LOST_WORKER = "  a worker was lost; the trial was retried as the same trial (details in sealed/logs only)"
+
+
+def _trial_name(trial: Any) -> str:
+    """Tune names trials (and their directories) ``<trainable>_<experiment>_<index>``: Ray's log lines would
+    carry the trial's index in the sealed draw, a lower bound on K. A random name carries nothing."""
+    return f"trial_{secrets.token_hex(6)}"
+
+
+@contextmanager
+def sealed_ray_logs(path: Path) -> Iterator[None]:
+    """Ray's and Tune's log records, and the error messages Ray's driver prints for the cluster (a raylet's
+    death banner, "a worker died"), go to a sealed file, not the terminal: Tune's ERROR lines name trials
+    and count them, one banner per lost worker counts the trials running at a node's death."""
+    import ray._private.worker as ray_worker
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    stream = os.fdopen(fd, "a")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
+    loggers = [logging.getLogger(n) for n in names]
+    loggers = [lg for lg in loggers if lg.name == "ray" or lg.handlers]
+    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = [handler]
+        lg.propagate = False
+    printer = ray_worker.print_to_stdstream  # Ray's error-message thread calls it by this module name
+
+    def to_sealed(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        try:
+            stream.write("".join(f"({data.get('pid', 'ray')}) {line}\n" for line in data.get("lines", [])))
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    ray_worker.print_to_stdstream = to_sealed
+    try:
+        yield
+    finally:
+        ray_worker.print_to_stdstream = printer
+        for lg, handlers, propagate in saved:
+            lg.handlers = handlers
+            lg.propagate = propagate
+        handler.close()
+
+
 class _SealedLog(Callback):
-    """Per-trial lines go to sealed/logs/trials.log; to the terminal only with --show-trials."""
+    """Per-trial lines go to sealed/logs/trials.log; to the terminal only with --show-trials. A lost worker
+    is said once, in a fixed line (one line per loss would count the trials running at a node's death)."""
 
     def __init__(self, path: Path, show: bool) -> None:
         self.path = path
         self.show = show
         self.recoveries: dict[int, int] = {}
+        self.said_lost = False
 
     def _write(self, line: str) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -91,6 +155,9 @@ class _SealedLog(Callback):
         index = int(trial.config.get("trial_index", -1))
         self.recoveries[index] = self.recoveries.get(index, 0) + 1
         self._write(f"trial {index} lost its worker (infrastructure); retried as the same trial")
+        if not self.said_lost:
+            self.said_lost = True
+            print(LOST_WORKER, flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         r = trial.last_result or {}
@@ -98,7 +165,10 @@ class _SealedLog(Callback):
                     f"crashed={r.get('crashed')} params={r.get('params')} seconds={r.get('seconds')}")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._write(f"trial {trial.config.get('trial_index')} failed after retries (infrastructure)")
+        error = ""
+        if getattr(trial, "error_file", None) and os.path.exists(trial.error_file):
+            error = Path(trial.error_file).read_text(errors="replace")[-4000:]
+        self._write(f"trial {trial.config.get('trial_index')} failed after retries (infrastructure):\n{error}")
 
 
 def progress(show_trials: bool, every: float = 15.0) -> Any:
@@ -135,18 +205,20 @@ class _Heartbeat:
 
 
 def make_tuner(trainable: Any, trials: int, storage: Path | str, callbacks: list[Callback], max_failures: int,
-               search_alg: Any = None, scheduler: Any = None) -> tune.Tuner:
+               search_alg: Any = None, scheduler: Any = None, name: str = "tune") -> tune.Tuner:
     """dptune's Tune settings: all trials in one fit, reused actors (no per-trial process start and
     torch/Opacus import), no per-trial logger files, quiet driver (bench/trial_overhead.py measures this)."""
     if search_alg is not None:
         param_space: dict[str, Any] = {}
         tune_config = tune.TuneConfig(num_samples=trials, search_alg=search_alg, scheduler=scheduler,
-                                      reuse_actors=True)
+                                      reuse_actors=True, trial_name_creator=_trial_name,
+                                      trial_dirname_creator=_trial_name)
     else:
         param_space = {"trial_index": tune.grid_search(list(range(trials)))}
-        tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True)
+        tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True,
+                                      trial_name_creator=_trial_name, trial_dirname_creator=_trial_name)
     run_config = tune.RunConfig(
-        name="tune", storage_path=storage if isinstance(storage, str) else str(storage.resolve()), verbose=0,
+        name=name, storage_path=storage if isinstance(storage, str) else str(storage.resolve()), verbose=0,
         callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -166,12 +238,37 @@ def _sigterm_as_sigint() -> Iterator[None]:
 
 def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _SealedLog, opts: RayOptions,
            resume: bool) -> tune.Tuner:
-    storage: Path | str = opts.storage_path or run.ray_dir
-    exp_dir = f"{str(storage).rstrip('/')}/tune" if isinstance(storage, str) else str(storage / "tune")
-    if resume and tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
-        return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    storage: Path | str = opts.storage_path or run.ray_dir.resolve()  # never a relative path (ArrowInvalid)
+    name = str(run.read_state().get("tune_experiment", "tune"))
+    exp_dir = f"{str(storage).rstrip('/')}/{name}" if isinstance(storage, str) else str(storage / name)
+    if resume:
+        try:
+            if tune.Tuner.can_restore(exp_dir):  # unpickles: only the experiment this search wrote
+                return tune.Tuner.restore(exp_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        except Exception:  # half-written state (a full disk, a kill mid-save): EOFError, bad JSON, …
+            _log_traceback(run)
+            # the sealed draw fixes every trial (index, config, seed): a fresh experiment runs the same trials,
+            # so the charge reserved for them can still be released; the broken state stays aside, sealed
+            name = f"tune-{secrets.token_hex(4)}"
+            run.write_state(tune_experiment=name)
+            print("  Ray Tune's saved state could not be read: the search continues from its sealed draw (the same "
+                  "trials and seeds, no new charge; details in sealed/logs/driver.log)", flush=True)
     alg = searcher(space.searcher).search_alg(space, draw)  # seeded from the draw's own sampler stream
-    return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg)
+    return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg, name=name)
+
+
+def _log_traceback(run: RunDir) -> str:
+    """The current traceback into sealed/logs/driver.log (it can name a trial's config); where it went, in
+    words. Never raises: the failure being logged may be the disk itself."""
+    driver_log = run.sealed / "logs" / "driver.log"
+    try:
+        driver_log.parent.mkdir(exist_ok=True)
+        fd = os.open(driver_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(traceback.format_exc())
+        return f"the traceback is in {driver_log} (curator only)"
+    except OSError:
+        return "its traceback could not be written to sealed/logs either"
 
 
 def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions, *,
@@ -192,35 +289,36 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
         with progress(show_trials), _sigterm_as_sigint():
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
-        (run.sealed / "logs").mkdir(exist_ok=True)
-        fd = os.open(run.sealed / "logs" / "driver.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(traceback.format_exc())
-        raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); the traceback is in "
-                           f"{run.sealed / 'logs' / 'driver.log'} (curator only)") from None
-    rows, unfinished = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive,
-                             checkpoints=run.sealed / "checkpoints" if opts.save_model else None)
+        where = _log_traceback(run)
+        raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); {where}") from None
+    rows, unfinished, errors = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive,
+                                     checkpoints=run.sealed / "checkpoints" if opts.save_model else None)
     rows.sort(key=lambda r: r.index)
-    if any(r.error.startswith("ChargeMismatch") for r in rows):  # refused before touching data: a dptune bug
+    if any("ChargeMismatch" in e for e in errors):  # refused before touching data: a dptune bug
         raise SearchFailed("a trial's (q, T, σ, score noise) lay outside the charged points; it refused to run "
                            "and nothing is released (see sealed/logs/trials.log)")
+    if errors:
+        raise InfrastructureFailure(rows, log.path)
     if unfinished:
         raise SearchInterrupted(rows)
     return rows
 
 
 def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool,
-          checkpoints: Path | None) -> tuple[list[TrialRow], int]:
-    rows, unfinished = [], 0
+          checkpoints: Path | None) -> tuple[list[TrialRow], int, list[str]]:
+    """(finished rows, trials not finished, errors of trials that failed for infrastructure reasons)."""
+    rows: list[TrialRow] = []
+    unfinished = 0
+    errors: list[str] = []
     for i in range(len(grid)):
         res = grid[i]
         m = dict(res.metrics or {})
         index = m.get("trial_index", (res.config or {}).get("trial_index", i))
         index = i if index == -1 else int(index)
         seed = str(m.get("seed", "0")) if adaptive else draw.trials[index]["seed"]
-        if res.error is not None:  # retries exhausted on infrastructure failures: counts, score −∞
-            rows.append(TrialRow.crashed_row(index, seed or 0, m.get("params") or dict(res.config or {}),
-                                             f"infrastructure: {str(res.error)[:300]}"))
+        if res.error is not None:  # retries exhausted: infrastructure, not a result (reruns on --resume)
+            errors.append(str(res.error))
+            unfinished += 1
         elif not m.get("final"):
             unfinished += 1  # stopped by an interrupt before its final report
         else:
@@ -230,4 +328,4 @@ def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool,
             rows.append(TrialRow.from_metrics(index, seed, m, 1 + log.recoveries.get(index, 0), ckpt))
     if len(rows) + unfinished < draw.k:
         unfinished += draw.k - len(rows) - unfinished  # never started
-    return rows, unfinished
+    return rows, unfinished, errors

@@ -1,8 +1,10 @@
 """The Ray Tune function trainable: one dptune trial (a plain function of ``config``).
 
-Runs inside a Ray worker. Crashes inside the trainer count as a trial with score −∞ and are *not*
-retried (rule 5); only infrastructure failures (a dead worker or node) make Ray restart the trial,
-which then resumes from its last checkpoint with the same index, seed and hyperparameters.
+Runs inside a Ray worker. Only a data-dependent failure is a trial result: divergence (a non-finite loss,
+decided from the noised parameters) scores −∞ and counts (rule 5). Anything that raises (an import, the
+model factory, out of memory, a lost worker or node) does not depend on the data: it is infrastructure, so
+the trial fails, Ray retries it from its last checkpoint with the same index, seed and hyperparameters, and
+if it still fails the search stops with its charge reserved (nothing released) until ``--resume``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import hashlib
 import shutil
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,6 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     started = time.time()
     import torch
 
-    from dptune import dpsgd
-
     torch.set_num_threads(threads)
     if "trial_index" in config:  # random search: the i-th of the sealed i.i.d. draws
         index = int(config["trial_index"])
@@ -40,7 +39,29 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
         index = -1
         slot = {"seed": _adaptive_seed(adaptive_seed_base), "params": {}}
         params = dict(config)
-    work = Path(tempfile.mkdtemp(prefix="dptune-trial-"))
+    # the work dir holds the trial's secrets (seed, RNG states): inside Ray's trial dir on this node (under
+    # the search's owner-only Ray temp dir), never in /tmp, and removed whatever happens (finally)
+    work = _work_dir()
+    try:
+        _trial_body(work, index, slot, params, started, data=data, fixed=fixed, save_model=save_model,
+                    checkpoint_every=checkpoint_every, sampling_basis=sampling_basis, charged_points=charged_points)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _work_dir() -> Path:
+    trial_dir = Path(tune.get_context().get_trial_dir())
+    trial_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="work-", dir=trial_dir))
+
+
+def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, Any], started: float, *, data: Any,
+                fixed: dict[str, Any], save_model: bool, checkpoint_every: int, sampling_basis: float | None,
+                charged_points: list[Any] | None) -> None:
+    import torch
+
+    from dptune import dpsgd
+
     ckpt_path = work / "trial.pt"
     attempts = _restore(work)
     device = "cuda" if torch.cuda.is_available() and tune.get_context().get_trial_resources().required_resources.get(
@@ -55,29 +76,22 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     base: dict[str, Any] = {"final": True, "started": started, "trial_index": index, "params": params,
                             "seed": str(slot["seed"]),
                             "node_id": _node_id(), "attempts": attempts}
-    try:
-        cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
-        result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
-                                 return_model=save_model, sampling_basis=sampling_basis,
-                                 charged_points=charged_points or None)
-        metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
-                   "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
-                   "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
-                   "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
-                   "measured": _measured(result)}
-        if save_model and result.model_state is not None:
-            out = work / "final"
-            out.mkdir()
-            dpsgd.save_model(out / "model.pt", result.model_state, cfg.to_public_dict())
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
-            return
-    except Exception as e:  # a crashed trial counts, with score −∞ (rule 5), and is not retried
-        metrics = {**base, "score": float("-inf"), "val_accuracy_raw": float("nan"), "diverged": False,
-                   "crashed": True, "error": f"{type(e).__name__}: {e}"[:500], "steps": 0,
-                   "sampling_rate": float("nan"), "noise_multiplier": float("nan"), "seconds": 0.0,
-                   "traceback": traceback.format_exc()[-2000:]}
+    cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
+    result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
+                             return_model=save_model, sampling_basis=sampling_basis,
+                             charged_points=charged_points or None)
+    metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
+               "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
+               "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
+               "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
+               "measured": _measured(result)}
+    if save_model and result.model_state is not None:
+        out = work / "final"
+        out.mkdir()
+        dpsgd.save_model(out / "model.pt", result.model_state, cfg.to_public_dict())
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
+        return
     tune.report(metrics)
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def _restore(work: Path) -> int:
@@ -85,11 +99,12 @@ def _restore(work: Path) -> int:
     restored = tune.get_checkpoint()
     attempts = 1
     if restored is not None:  # resume the same trial (same index, seed, hyperparameters)
-        with restored.as_directory() as d:
-            if (Path(d) / "trial.pt").exists():
-                shutil.copy(Path(d) / "trial.pt", work / "trial.pt")
-            if (Path(d) / "attempts").exists():
-                attempts = int((Path(d) / "attempts").read_text()) + 1
+        d = Path(restored.to_directory(str(work / "restored")))  # inside the work dir: never a /tmp download
+        if (d / "trial.pt").exists():
+            shutil.copy(d / "trial.pt", work / "trial.pt")
+        if (d / "attempts").exists():
+            attempts = int((d / "attempts").read_text()) + 1
+        shutil.rmtree(d, ignore_errors=True)
     (work / "attempts").write_text(str(attempts))
     return attempts
 

@@ -40,6 +40,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reader(path: Path) -> Ledger:
+    """The ledger for reading: opened as usual (upgrading an older schema), or read-only when its folder or
+    file cannot be written (SQLite would need to create its -wal/-shm files beside it)."""
+    import sqlite3
+
+    try:
+        ledger = Ledger(path)
+        ledger.fingerprints()
+        return ledger
+    except (sqlite3.OperationalError, PermissionError):
+        return Ledger(path, read_only=True)
+
+
 def _show(ledger: Ledger) -> list[dict[str, Any]]:
     """Every budget and its charges, by public random id and label: the key (a hash of the data) stays inside."""
     out: list[dict[str, Any]] = []
@@ -91,7 +104,7 @@ def _main(args: argparse.Namespace) -> int:
         return _new_budget(args, path)
     if not path.is_file():  # Ledger() would create it: a typo must be an error, not an empty ledger
         raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
-    ledger = Ledger(path)
+    ledger = _reader(path) if args.command == "show" else Ledger(path)
     print(f"ledger: {ledger.path}", file=sys.stderr)
     if args.command == "set-budget":
         check_positive("--epsilon", args.epsilon, "choose a total budget, e.g. 8")

@@ -104,14 +104,19 @@ def _private_file(path: Path, create: bool) -> None:
 
 
 class Ledger:
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
+        """``read_only``: only read (e.g. ``ledger show`` of a ledger in a read-only folder or on a read-only
+        mount): nothing is created, tightened or upgraded; SQLite opens the file immutable (no -wal/-shm)."""
         # absolute from here on: what state.json records, what every charge prints, what a resume compares
         self.path = Path(path if path is not None else default_ledger_path()).expanduser().resolve()
+        self.read_only = read_only
         if self.path.exists() and self.path.is_dir():
             raise ConfigError("--ledger", f"{str(self.path)!r} is a directory", "give a file path, e.g. ~/.local/share/dptune/ledger.sqlite")
+        self.key_path = self.path.with_name(self.path.name + ".key")
+        if read_only:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
-        self.key_path = self.path.with_name(self.path.name + ".key")
         # schema, upgrades and the key under one exclusive lock: two processes opening a new ledger at once
         # would otherwise both add the same column (or both write a key); a set-up ledger is only read
         if self.key_path.exists() and self._set_up():
@@ -170,6 +175,9 @@ class Ledger:
                         (secrets.token_hex(16), event_sha256(event_from_json(json.loads(text))), cid))
 
     def _connect(self) -> sqlite3.Connection:
+        if self.read_only:  # every writer closed cleanly has checkpointed its WAL into the file
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                   isolation_level=None)
         con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         deadline = time.monotonic() + 60
         while True:  # switching a new file to WAL answers "locked" at once (no busy wait) while another holds it
