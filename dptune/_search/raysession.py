@@ -15,6 +15,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,16 @@ def remove_stale_ray_dirs(root: str = "/tmp") -> list[Path]:
     for parent in Path(root).glob(_PARENT_PREFIX + "*"):
         try:
             st = parent.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            pid, _, started = (parent / _OWNER).read_text().partition(" ")
         except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        try:
+            pid, _, started = (parent / _OWNER).read_text().partition(" ")
+        except OSError:  # no owner record: a removal cut short (a dying Ray still writing), or one being made
+            if time.time() - st.st_mtime > 60:
+                shutil.rmtree(parent, ignore_errors=True)
+                removed.append(parent)
             continue
         now = _start_time(int(pid)) if pid.isdigit() else None
         if now is None or (started and now and now != started.strip()):
