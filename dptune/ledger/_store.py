@@ -1,7 +1,7 @@
 """Privacy ledger: per-dataset budgets and every charge, durable before any trial touches data.
 
 One SQLite file (mode 0600) and a curator key beside it (``<ledger>.key``, 0600). A charge is stored as a
-serialized DpEvent; totals compose the events in RDP (never add ε). ``reserve`` commits before it returns;
+serialized DpEvent; totals compose the events with the charged accountant (never add ε). ``reserve`` commits before it returns;
 ``commit``/``abort`` close a reservation; an unclosed reservation still counts (a crashed search has spent
 its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE): concurrent reservations can
 neither be lost nor overspend; schema and key set-up is one BEGIN EXCLUSIVE. What is public and what is not:
@@ -41,23 +41,11 @@ __all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_s
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS budgets (
-    fingerprint TEXT PRIMARY KEY,
-    epsilon REAL NOT NULL,
-    delta REAL NOT NULL,
-    label TEXT,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS charges (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    fingerprint TEXT NOT NULL,
-    name TEXT NOT NULL,
-    event TEXT NOT NULL,
-    epsilon REAL NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'aborted')),
-    created REAL NOT NULL,
-    closed REAL
-);
+CREATE TABLE IF NOT EXISTS budgets (fingerprint TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL,
+    label TEXT, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY AUTOINCREMENT, fingerprint TEXT NOT NULL,
+    name TEXT NOT NULL, event TEXT NOT NULL, epsilon REAL NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'aborted')), created REAL NOT NULL, closed REAL);
 """
 # columns added after the first release of the schema (older ledgers are upgraded in place)
 _ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER"), ("ids", "BLOB")),
