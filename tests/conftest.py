@@ -65,3 +65,11 @@ def small(digits: Any) -> Any:
     from dptune.data import poisson_subsample
 
     return poisson_subsample(digits, 0.2, seed=0)
+
+
+def trial_processes(sid: int) -> list[int]:
+    """Ray trial worker processes of the search started in session ``sid`` (``start_new_session=True``): never
+    another search's or another user's on this host."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    return [int(r[0]) for r in rows if len(r) == 3 and int(r[1]) == sid and "ImplicitFunc" in r[2]]

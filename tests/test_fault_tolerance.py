@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from dptune.ledger import Ledger
-from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli
+from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli, trial_processes
 
 pytestmark = pytest.mark.ray
 
@@ -66,11 +66,6 @@ def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _trial_processes() -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "ImplicitFunc" in line]
-
-
 def _wait(cond, timeout: float = 120.0, step: float = 0.2) -> None:  # type: ignore[no-untyped-def]
     t0 = time.time()
     while not cond():
@@ -86,7 +81,7 @@ def test_killed_trial_process_resumes_the_same_trial(tmp_path: Path, reference: 
         tune_dir = tmp_path / "runs" / "killtrial" / "sealed" / "ray" / "tune"
         # once a trial has checkpointed, take a trial process away (an infrastructure failure)
         _wait(lambda: any(tune_dir.glob("*/checkpoint_*")), step=0.05)
-        victims = _trial_processes()
+        victims = trial_processes(proc.pid)
         assert victims, "no trial process to kill"
         os.kill(victims[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)
@@ -110,7 +105,7 @@ def test_sigkilled_driver_resumes_the_same_draw(tmp_path: Path, reference: Path,
     state = tmp_path / "runs" / "killdriver" / "sealed" / "state.json"
     try:
         _wait(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
-        _wait(lambda: bool(_trial_processes()))
+        _wait(lambda: bool(trial_processes(proc.pid)))
         time.sleep(2.0)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started: a crashed machine

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dptune.ledger import Ledger
-from tests.conftest import ROOT, digits_seed_with_k, free_port
+from tests.conftest import ROOT, digits_seed_with_k, free_port, trial_processes
 
 pytestmark = pytest.mark.ray
 
@@ -97,13 +97,6 @@ def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_api(tmp_path: Pa
     _finished_the_draw(tmp_path, "relapi")
 
 
-def _our_trial_processes(sid: int) -> list[int]:
-    """Trial worker processes of the search started in session ``sid`` (never another search's on this host)."""
-    out = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
-    return [int(r[0]) for r in rows if len(r) == 3 and int(r[1]) == sid and "ImplicitFunc" in r[2]]
-
-
 def test_a_lost_worker_prints_one_fixed_line_and_no_trial_index(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """Item 16: Ray Tune's ERROR lines (``Trial task failed for trial dptune_trial_77dbd_00001``) named trials by
     their index in the sealed draw. Now Ray's and Tune's log records go to sealed/logs/ray.log, trials have
@@ -114,7 +107,7 @@ def test_a_lost_worker_prints_one_fixed_line_and_no_trial_index(tmp_path: Path, 
     run = tmp_path / "runs" / "lost"
     try:
         _wait(lambda: any((run / "sealed" / "ray" / "tune").glob("*/checkpoint_*")))
-        victims = _our_trial_processes(proc.pid)
+        victims = trial_processes(proc.pid)
         assert victims, "no trial process to kill"
         os.kill(victims[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)
