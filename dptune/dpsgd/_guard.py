@@ -44,7 +44,7 @@ from dptune.dpsgd._engines import Engine, engine_mode, make_engine, resolve_clip
 from dptune.dpsgd._loop import padded_size
 from dptune.models import build_model
 
-__all__ = ["ProbeResult", "guarded_clipping", "probe_engine"]
+__all__ = ["ProbeResult", "guarded_clipping"]
 
 EXAMPLES = 3  # real examples in the probe batch (plus one padding row)
 TOL = 1e-6  # in units of C, float64
@@ -138,44 +138,54 @@ def _clipped_sum(mode: str, build: Build, config: TrialConfig, x: torch.Tensor, 
     return sums
 
 
-def probe_engine(mode: str, build: Build, config: TrialConfig, num_classes: int,
-                 input_shape: tuple[int, ...]) -> ProbeResult:
-    """Measure ``mode`` on fresh float64 copies of the model from ``build`` (see the module docstring). Raises
-    ``_Unfit`` when the model cannot process one example alone."""
-    with warnings.catch_warnings():  # Opacus' hooks warn that the synthetic inputs need no gradient
-        warnings.simplefilter("ignore")
-        return _probe(mode, build, config, num_classes, input_shape)
+class _Probe:
+    """One model's per-example reference, computed once (raises ``_Unfit`` when the model cannot process one
+    example alone); ``run(mode)`` measures an engine against it (see the module docstring), each mode once."""
 
+    def __init__(self, build: Build, config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> None:
+        self.build = build
+        self.x, self.y, self.views = _inputs(config, num_classes, input_shape)
+        with warnings.catch_warnings():  # Opacus' hooks warn that the synthetic inputs need no gradient
+            warnings.simplefilter("ignore")
+            ref = _reference(build, self.x, self.y, self.views)
+        norms = [_norm(r) for r in ref]
+        positive = [n for n in norms if n > 0]
+        self.c = 0.5 * min(positive) if positive else 1.0  # every example clipped
+        self.clip = [[g * min(1.0, self.c / (n + 1e-6)) for g in r] for r, n in zip(ref, norms, strict=True)]
+        self.config = config.replace(max_grad_norm=self.c)
+        self._results: dict[str, ProbeResult] = {}
 
-def _probe(mode: str, build: Build, config: TrialConfig, num_classes: int,
-           input_shape: tuple[int, ...]) -> ProbeResult:
-    x, y, views = _inputs(config, num_classes, input_shape)
-    ref = _reference(build, x, y, views)
-    norms = [_norm(r) for r in ref]
-    positive = [n for n in norms if n > 0]
-    c = 0.5 * min(positive) if positive else 1.0  # every example clipped
-    clip = [[g * min(1.0, c / (n + 1e-6)) for g in r] for r, n in zip(ref, norms, strict=True)]
-    cfg = config.replace(max_grad_norm=c)
-    everyone = list(range(EXAMPLES))
-    error = worst = 0.0
-    try:
-        full = _clipped_sum(mode, build, cfg, x, y, views, everyone, step=True)
-        expected = [sum(parts) for parts in zip(*clip, strict=True)]
-        error = _norm([a - b for a, b in zip(full, expected, strict=True)]) / c
-        for j in everyone:
-            rest = _clipped_sum(mode, build, cfg, x, y, views, [i for i in everyone if i != j])
-            moved = [a - b for a, b in zip(full, rest, strict=True)]
-            worst = max(worst, _norm(moved) / c)
-            error = max(error, _norm([a - b for a, b in zip(moved, clip[j], strict=True)]) / c)
-    except ConfigError as e:  # the engine's own refusal (a layer it knows it cannot clip exactly)
-        return ProbeResult(mode, float("inf"), float("inf"), e.problem)
-    except Exception as e:
-        text = str(e).splitlines()[0] if str(e) else ""
-        return ProbeResult(mode, float("inf"), float("inf"), f"it fails ({type(e).__name__}: {text})")
-    if not error <= TOL:  # also catches NaN
-        return ProbeResult(mode, error, worst, f"one example moves the clipped sum by up to {worst:.3g}·C and "
-                           f"the sum differs from the per-example reference by {error:.3g}·C")
-    return ProbeResult(mode, error, worst, None)
+    def run(self, mode: str) -> ProbeResult:
+        if mode not in self._results:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._results[mode] = self._measure(mode)
+        return self._results[mode]
+
+    def _sum(self, mode: str, rows: list[int], step: bool = False) -> list[torch.Tensor]:
+        return _clipped_sum(mode, self.build, self.config, self.x, self.y, self.views, rows, step=step)
+
+    def _measure(self, mode: str) -> ProbeResult:
+        c, everyone = self.c, list(range(EXAMPLES))
+        error = worst = 0.0
+        try:
+            full = self._sum(mode, everyone, step=True)
+            expected = [sum(parts) for parts in zip(*self.clip, strict=True)]
+            error = _norm([a - b for a, b in zip(full, expected, strict=True)]) / c
+            for j in everyone:
+                rest = self._sum(mode, [i for i in everyone if i != j])
+                moved = [a - b for a, b in zip(full, rest, strict=True)]
+                worst = max(worst, _norm(moved) / c)
+                error = max(error, _norm([a - b for a, b in zip(moved, self.clip[j], strict=True)]) / c)
+        except ConfigError as e:  # the engine's own refusal (a layer it knows it cannot clip exactly)
+            return ProbeResult(mode, float("inf"), float("inf"), e.problem)
+        except Exception as e:
+            text = str(e).splitlines()[0] if str(e) else ""
+            return ProbeResult(mode, float("inf"), float("inf"), f"it fails ({type(e).__name__}: {text})")
+        if not error <= TOL:  # also catches NaN
+            return ProbeResult(mode, error, worst, f"one example moves the clipped sum by up to {worst:.3g}·C and "
+                               f"the sum differs from the per-example reference by {error:.3g}·C")
+        return ProbeResult(mode, error, worst, None)
 
 
 def _builder(config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> Build:
@@ -205,25 +215,23 @@ def guarded_clipping(config: TrialConfig, num_classes: int, input_shape: tuple[i
 @functools.lru_cache(maxsize=256)
 def _guarded(key: str, mode: str, num_classes: int, input_shape: tuple[int, ...]) -> tuple[str, str | None]:
     config = TrialConfig.from_dict(json.loads(key))
-    model = _builder(config, num_classes, input_shape)
     try:
-        result = probe_engine(mode, model, config, num_classes, input_shape)
-        if result.exact:
-            return mode, None
-        if config.clipping == "auto" and mode != EXACT:
-            fallback = probe_engine(EXACT, model, config, num_classes, input_shape)
-            if fallback.exact:
-                return EXACT, (f"clipping auto: {mode} is not exact for this model ({result.failure}); "
-                               f"{EXACT} (each example alone) runs instead")
+        probe = _Probe(_builder(config, num_classes, input_shape), config, num_classes, input_shape)
     except _Unfit as e:
         raise ConfigError("model", f"it cannot compute the loss of one example alone ({e}), so no clipping mode "
                           "can bound one example's effect", "make every output depend on its own input only "
                           "(no statistics across the batch: use GroupNorm, not BatchNorm or h - h.mean(0))") from e
+    result = probe.run(mode)
+    if result.exact:
+        return mode, None
     if mode == EXACT:
         raise ConfigError("model", f"even per-example functorch gradients do not match the per-example reference "
                           f"({result.failure})", "make every output depend on its own input only (no statistics "
                           "across the batch, no randomness in forward)")
-    exact = probe_engine(EXACT, model, config, num_classes, input_shape)
-    fix = (f"set fixed.clipping: {EXACT} (whole-model vmap: exact for this model)" if exact.exact else
+    exact = probe.run(EXACT).exact
+    if config.clipping == "auto" and exact:
+        return EXACT, (f"clipping auto: {mode} is not exact for this model ({result.failure}); "
+                       f"{EXACT} (each example alone) runs instead")
+    fix = (f"set fixed.clipping: {EXACT} (whole-model vmap: exact for this model)" if exact else
            "make every output depend on its own input only (no statistics across the batch: use GroupNorm)")
     raise ConfigError("clipping", f"{mode} clipping is not exact for this model: {result.failure}", fix)
