@@ -144,75 +144,39 @@ def _mlp(first, k):
     return nn.Sequential(nn.Flatten(), first, nn.Tanh(), nn.Linear(32, k))
 
 
-def tied_functional(num_classes, input_shape, groups):
-    return TiedFunctional(num_classes)
-
-
-def tied_shared(num_classes, input_shape, groups):
-    return TiedShared(num_classes)
-
-
-def patches(num_classes, input_shape, groups):
-    return Patches(num_classes)
-
-
-def reflect(num_classes, input_shape, groups):
-    return Padded(num_classes, "reflect")
-
-
-def circular(num_classes, input_shape, groups):
-    return Padded(num_classes, "circular")
-
-
-def centered(num_classes, input_shape, groups):
-    return Centered(num_classes, False)
-
-
-def functional_bn(num_classes, input_shape, groups):
-    return Centered(num_classes, True)
-
-
-def inplace_relu(num_classes, input_shape, groups):
-    return InplaceRelu(num_classes)
-
-
-def residual_inplace(num_classes, input_shape, groups):
-    return Residual(num_classes)
-
-
-def twice(num_classes, input_shape, groups):
-    return Twice(num_classes)
-
-
-def scaled_linear(num_classes, input_shape, groups):
-    return _mlp(ScaledLinear(64, 32), num_classes)
-
-
-def frozen_weight(num_classes, input_shape, groups):
-    first = nn.Linear(64, 32)
-    first.weight.requires_grad_(False)
-    return _mlp(first, num_classes)
-
-
-def gated(num_classes, input_shape, groups):
-    return _mlp(GatedLinear(64, 32), num_classes)
-
-
-def weight_norm(num_classes, input_shape, groups):
+def _weight_norm(k):
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _mlp(torch.nn.utils.weight_norm(nn.Linear(64, 32)), num_classes)
+        return _mlp(torch.nn.utils.weight_norm(nn.Linear(64, 32)), k)
 
 
-def plain(num_classes, input_shape, groups):  # the control: an ordinary GroupNorm CNN
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.Tanh(), nn.Flatten(),
-                         nn.Linear(256, num_classes))
+def _frozen_weight(k):
+    first = nn.Linear(64, 32)
+    first.weight.requires_grad_(False)
+    return _mlp(first, k)
+
+
+KINDS = {
+    "tied_functional": TiedFunctional, "tied_shared": TiedShared, "patches": Patches,
+    "reflect": lambda k: Padded(k, "reflect"), "circular": lambda k: Padded(k, "circular"),
+    "centered": lambda k: Centered(k, False), "functional_bn": lambda k: Centered(k, True),
+    "inplace_relu": InplaceRelu, "residual_inplace": Residual, "twice": Twice,
+    "scaled_linear": lambda k: _mlp(ScaledLinear(64, 32), k), "frozen_weight": _frozen_weight,
+    "gated": lambda k: _mlp(GatedLinear(64, 32), k), "weight_norm": _weight_norm,
+    # the control: an ordinary GroupNorm CNN
+    "plain": lambda k: nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.Tanh(), nn.Flatten(),
+                                     nn.Linear(256, k)),
+}
+
+
+def make(num_classes, input_shape, groups, kind):
+    return KINDS[kind](num_classes)
 '''
 KINDS = ["tied_functional", "tied_shared", "patches", "reflect", "circular", "centered", "functional_bn",
          "inplace_relu", "residual_inplace", "twice", "scaled_linear", "frozen_weight", "gated", "weight_norm",
-         "plain"]
+         "plain"]  # the keys of USER_MODELS' KINDS
 
 
 @pytest.fixture(scope="module")
@@ -228,8 +192,8 @@ def user_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _config(kind: str, mode: str) -> TrialConfig:
-    return TrialConfig(model=f"factory:{MODULE}:{kind}", clipping=mode, batch_size=4, optimizer="sgd",
-                       momentum=0.0, learning_rate=1.0, score_noise=None)
+    return TrialConfig(model=f"factory:{MODULE}:make", model_kwargs={"kind": kind}, clipping=mode, batch_size=4,
+                       optimizer="sgd", momentum=0.0, learning_rate=1.0, score_noise=None)
 
 
 def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -347,7 +311,7 @@ def test_the_guard_costs_little_on_the_shipped_models() -> None:
 def test_search_cli_refuses_an_under_clipping_model_with_exit_2_and_charges_nothing(user_models: Path,
                                                                                      tmp_path: Path) -> None:
     space = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
-    space["model"] = {"factory": f"{MODULE}:patches"}
+    space["model"] = {"factory": f"{MODULE}:make", "kwargs": {"kind": "patches"}}
     space["fixed"]["clipping"] = "hooks"
     path = tmp_path / "patches.yaml"
     path.write_text(yaml.safe_dump(space))
