@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, special, stats
 
-__all__ = ["Audit", "Guesses", "audit_epsilon", "epsilon_lower_bound", "guess_grid", "guesses", "p_value"]
+__all__ = ["Audit", "Guesses", "audit_epsilon", "bonferroni_guesses", "epsilon_lower_bound", "guess_grid", "guesses",
+           "p_value"]
 
 
 def _check_counts(canaries: int, guesses: int, correct: int) -> None:
@@ -125,6 +126,16 @@ def guess_grid(m: int) -> list[tuple[int, int]]:
     return sorted(p for p in pairs if p[0] + p[1] <= m)
 
 
+def bonferroni_guesses(scores: Sequence[float] | np.ndarray, included: Sequence[bool] | np.ndarray, *,
+                       ks: Sequence[tuple[int, int]], confidence: float) -> tuple[list[Guesses], float]:
+    """The guesses of every (k+, k−) in ``ks`` (fixed before the scores were seen) and the significance level of
+    each test when the best one is reported at ``confidence``: (1 − confidence) / len(ks) (Bonferroni)."""
+    if not ks:
+        raise ValueError("ks must name at least one (k_plus, k_minus) pair")
+    tried = [guesses(scores, included, k_plus=k_plus, k_minus=k_minus) for k_plus, k_minus in ks]
+    return tried, (1.0 - confidence) / len(ks)
+
+
 @dataclass(frozen=True)
 class Audit:
     """An ε lower bound and the guesses it came from (``tried``: the number of (k+, k−) pairs the
@@ -143,12 +154,10 @@ def audit_epsilon(scores: Sequence[float] | np.ndarray, included: Sequence[bool]
     Each (k+, k−) in ``ks`` (fixed before looking at the scores) is one test; the largest bound over them is
     reported with the confidence split evenly (Bonferroni: each test at level β / len(ks)), so the reported
     bound keeps its 1 − β guarantee although the best k was chosen after the fact."""
-    if not ks:
-        raise ValueError("ks must name at least one (k_plus, k_minus) pair")
-    level = 1.0 - (1.0 - confidence) / len(ks)
+    tried, alpha = bonferroni_guesses(scores, included, ks=ks, confidence=confidence)
+    level = 1.0 - alpha
     best: Audit | None = None
-    for k_plus, k_minus in ks:
-        g = guesses(scores, included, k_plus=k_plus, k_minus=k_minus)
+    for g in tried:
         eps = epsilon_lower_bound(canaries=g.canaries, guesses=g.guesses, correct=g.correct, delta=delta,
                                   confidence=level)
         if best is None or eps > best.epsilon:

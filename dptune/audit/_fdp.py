@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, special
 
+from dptune.audit._bound import bonferroni_guesses
+
 __all__ = ["FdpAudit", "audit_fdp", "fdp_epsilon_lower_bound", "gdp_epsilon", "gdp_mu_lower_bound", "rejects"]
 
 InverseBlowUp = Callable[[float], float]
@@ -134,14 +136,9 @@ def audit_fdp(scores: Sequence[float] | np.ndarray, included: Sequence[bool] | n
               ks: Sequence[tuple[int, int]], delta: float, confidence: float = 0.95) -> FdpAudit:
     """The f-DP audit of ``scores`` (higher = more likely included) over the guess pairs ``ks``, fixed before
     the scores were seen; each pair is one test at level (1 − confidence) / len(ks)."""
-    from dptune.audit._bound import guesses
-
-    if not ks:
-        raise ValueError("ks must name at least one (k_plus, k_minus) pair")
-    level = (1.0 - confidence) / len(ks)
+    tried, level = bonferroni_guesses(scores, included, ks=ks, confidence=confidence)
     eps = mu = 0.0
-    for k_plus, k_minus in ks:
-        g = guesses(scores, included, k_plus=k_plus, k_minus=k_minus)
+    for g in tried:
         eps = max(eps, fdp_epsilon_lower_bound(canaries=g.canaries, guesses=g.guesses, correct=g.correct,
                                                delta=delta, level=level))
         mu = max(mu, gdp_mu_lower_bound(canaries=g.canaries, guesses=g.guesses, correct=g.correct, level=level))
