@@ -94,7 +94,7 @@ class HooksEngine(Engine):
             if rows != len(x):  # a layer over (N·P, d) rows: one example would be P rows, each clipped alone
                 raise ConfigError("clipping", f"hooks: a layer's per-sample gradients have {rows} rows for a batch "
                                   f"of {len(x)} inputs (the layer does not see one row per example)",
-                                  "set fixed.clipping: functorch (whole-model vmap: exact for any model)")
+                                  "set fixed.clipping: functorch (whole-model vmap: each example alone)")
         for p in self.params:  # per view -> per example; padding rows dropped
             p.grad_sample = p.grad_sample.view(-1, k, *p.shape).sum(1)[:n_real]  # type: ignore[attr-defined]
         return losses.detach().sum() / k
@@ -200,7 +200,7 @@ class BookKeepingEngine(Engine):
         if torch.is_grad_enabled():  # training forward only, not evaluation
             if m in self.acts:  # its rule sees one call per forward; a second call's gradient would be lost
                 raise ConfigError("clipping", f"bookkeeping: a {type(m).__name__} layer is called twice in one "
-                                  "forward pass", "set fixed.clipping: functorch (exact for any model)")
+                                  "forward pass", "set fixed.clipping: functorch (whole-model vmap: each example alone)")
             self.acts[m] = (inputs[0].detach(), output, output._version)
 
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
