@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +76,27 @@ def trial_processes(sid: int) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
     rows = [line.split(None, 2) for line in out.splitlines()[1:]]
     return [int(r[0]) for r in rows if len(r) == 3 and int(r[1]) == sid and "ImplicitFunc" in r[2]]
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 120.0, step: float = 0.2) -> None:
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > timeout:
+            raise AssertionError("timed out waiting")
+        time.sleep(step)
+
+
+def kill_one_trial_once_checkpointed(proc: subprocess.Popen[str], tune_dir: Path, *, timeout: float = 120.0,
+                                     step: float = 0.2) -> str:
+    """Once a trial of the search ``proc`` (its own session) has checkpointed under ``tune_dir``, SIGKILL one of
+    its trial processes (an infrastructure failure); the search's output once it ends."""
+    try:
+        wait_until(lambda: any(tune_dir.glob("*/checkpoint_*")), timeout, step)
+        victims = trial_processes(proc.pid)
+        assert victims, "no trial process to kill"
+        os.kill(victims[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return out

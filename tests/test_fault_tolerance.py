@@ -22,7 +22,15 @@ import pytest
 import yaml
 
 from dptune.ledger import Ledger
-from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli, trial_processes
+from tests.conftest import (
+    ROOT,
+    digits_seed_with_k,
+    free_port,
+    kill_one_trial_once_checkpointed,
+    run_cli,
+    trial_processes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -66,28 +74,11 @@ def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _wait(cond, timeout: float = 120.0, step: float = 0.2) -> None:  # type: ignore[no-untyped-def]
-    t0 = time.time()
-    while not cond():
-        if time.time() - t0 > timeout:
-            raise AssertionError("timed out waiting")
-        time.sleep(step)
-
-
 def test_killed_trial_process_resumes_the_same_trial(tmp_path: Path, reference: Path,
                                                     isolated_env: dict[str, str]) -> None:
     proc = _popen(_args(tmp_path, "killtrial"), isolated_env)
-    try:
-        tune_dir = tmp_path / "runs" / "killtrial" / "sealed" / "ray" / "tune"
-        # once a trial has checkpointed, take a trial process away (an infrastructure failure)
-        _wait(lambda: any(tune_dir.glob("*/checkpoint_*")), step=0.05)
-        victims = trial_processes(proc.pid)
-        assert victims, "no trial process to kill"
-        os.kill(victims[0], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    tune_dir = tmp_path / "runs" / "killtrial" / "sealed" / "ray" / "tune"
+    out = kill_one_trial_once_checkpointed(proc, tune_dir, step=0.05)
     assert proc.returncode == 0, out
     trials, ref = _trials(tmp_path, "killtrial"), _trials(reference, "ref")
     assert max(t["attempts"] for t in trials) >= 2, trials  # the killed trial was retried …
@@ -104,8 +95,8 @@ def test_sigkilled_driver_resumes_the_same_draw(tmp_path: Path, reference: Path,
     proc = _popen(_args(tmp_path, "killdriver"), isolated_env)
     state = tmp_path / "runs" / "killdriver" / "sealed" / "state.json"
     try:
-        _wait(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
-        _wait(lambda: bool(trial_processes(proc.pid)))
+        wait_until(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
+        wait_until(lambda: bool(trial_processes(proc.pid)))
         time.sleep(2.0)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started: a crashed machine
@@ -135,7 +126,7 @@ def test_interrupted_search_never_releases_and_resumes_the_rest(tmp_path: Path, 
     proc = _popen(_args(tmp_path, "intr"), isolated_env)
     tune_dir = tmp_path / "runs" / "intr" / "sealed" / "ray" / "tune"
     try:
-        _wait(lambda: any(tune_dir.glob("*/checkpoint_*")), step=0.05)
+        wait_until(lambda: any(tune_dir.glob("*/checkpoint_*")), step=0.05)
         os.kill(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=300)
     finally:

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dptune.ledger import Ledger
-from tests.conftest import ROOT, digits_seed_with_k, free_port, trial_processes
+from tests.conftest import ROOT, digits_seed_with_k, free_port, kill_one_trial_once_checkpointed, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -40,21 +39,13 @@ def _run(cwd: Path, args: list[str], env: dict[str, str], timeout: int = 300) ->
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
-def _wait(cond, timeout: float = 180.0, step: float = 0.05) -> None:  # type: ignore[no-untyped-def]
-    t0 = time.time()
-    while not cond():
-        if time.time() - t0 > timeout:
-            raise AssertionError("timed out waiting")
-        time.sleep(step)
-
-
 def _interrupted(cwd: Path, name: str, env: dict[str, str]) -> str:
     """Start a search in ``cwd`` and Ctrl-C it once a trial has checkpointed; returns its output."""
     proc = subprocess.Popen([sys.executable, *_args(name)], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     tune_dir = cwd / "runs" / name / "sealed" / "ray" / "tune"
     try:
-        _wait(lambda: any(tune_dir.glob("*/checkpoint_*")))
+        wait_until(lambda: any(tune_dir.glob("*/checkpoint_*")), 180.0, 0.05)
         os.kill(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -105,15 +96,7 @@ def test_a_lost_worker_prints_one_fixed_line_and_no_trial_index(tmp_path: Path, 
     proc = subprocess.Popen([sys.executable, *_args("lost")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     run = tmp_path / "runs" / "lost"
-    try:
-        _wait(lambda: any((run / "sealed" / "ray" / "tune").glob("*/checkpoint_*")))
-        victims = trial_processes(proc.pid)
-        assert victims, "no trial process to kill"
-        os.kill(victims[0], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    out = kill_one_trial_once_checkpointed(proc, run / "sealed" / "ray" / "tune", timeout=180.0, step=0.05)
     assert proc.returncode == 0, out
     assert out.count("a worker was lost; the trial was retried as the same trial") == 1, out
     assert "Trial task failed" not in out and "dptune_trial" not in out and "_0000" not in out, out
@@ -208,7 +191,7 @@ def test_a_killed_head_raylet_says_where_the_charge_stands_and_resumes(tmp_path:
     run = tmp_path / "runs" / "raylet"
     try:
         state = run / "sealed" / "state.json"  # Ray is up, no trial has finished: the search cannot end well
-        _wait(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
+        wait_until(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running", 180.0, 0.05)
         ps = subprocess.run(["ps", "-eo", "pid,sid,comm"], capture_output=True, text=True).stdout.splitlines()[1:]
         [raylet] = [int(p) for p, s, c in (line.split(None, 2) for line in ps) if int(s) == proc.pid and c == "raylet"]
         os.kill(raylet, signal.SIGKILL)
@@ -314,7 +297,7 @@ def test_a_ledger_folder_turned_read_only_mid_search_keeps_the_charge_and_resume
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     state = tmp_path / "runs" / "roled" / "sealed" / "state.json"
     try:
-        _wait(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
+        wait_until(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running", 180.0, 0.05)
         immutable(tmp_path / "led")
         out, err = proc.communicate(timeout=300)
     finally:
