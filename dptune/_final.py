@@ -199,7 +199,7 @@ def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple
         except ConfigError as e:
             raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
         config = config.replace(noise_multiplier=sigma)
-    if release.lr_times_sigma is not None:  # the scaled searcher's rule, at the σ this run has
+    if release.lr_times_sigma is not None:  # the transfer rule lr·σ = L·σ_f, at the σ this run has
         config = config.replace(learning_rate=release.lr_times_sigma / config.noise_multiplier)
     event = trial_event(noise_multiplier=config.noise_multiplier, sampling_rate=q, steps=steps, score_noise=None)
     summary = {"noise_multiplier": config.noise_multiplier, "sampling_rate": q, "steps": steps,
@@ -310,15 +310,26 @@ def _print_result(result: Any, cert: Certificate, composed: Certificate, train_e
 
 
 def checkpoint_config(release: Release) -> TrialConfig:
-    """The config the released checkpoint was trained with. The scaled searcher releases the final run's
-    settings (its σ_f and the rule lr·σ = L·σ_f); its best trial, whose model the checkpoint is, ran the same
-    config at the cheap trials' σ_c, with lr = L·σ_f/σ_c (the certificate's ``details.scaled``)."""
+    """The config the released checkpoint was trained with. A search that planned its final run releases the
+    final run's settings (its σ_f and the rule lr·σ = L·σ_f); its best trial, whose model the checkpoint is, ran
+    the same config at the cheap trials' σ_c, with lr = L·σ_f/σ_c (the certificate's ``details.transfer``, or
+    ``details.scaled`` in certificates from before every searcher could plan its final run)."""
     if release.lr_times_sigma is None:
         return release.config
-    scaled = release.certificate.details.get("scaled") or {}
-    sigma = scaled.get("trial_noise_multiplier")
+    key = "transfer" if "transfer" in release.certificate.details else "scaled"
+    planned = release.certificate.details.get(key) or {}
+    sigma = planned.get("trial_noise_multiplier")  # one σ_c for every trial (certificates before per-(B, E) σ_c)
+    c = release.config
+    for point in planned.get("points") or []:  # σ_c of the released config's (B, E)
+        if isinstance(point, dict) and point.get("batch_size") == c.batch_size and point.get("epochs") == c.epochs:
+            sigma = point.get("trial_noise_multiplier")
+            break
+    else:
+        if "points" in planned:
+            sigma = None
     if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not 0 < sigma < math.inf:
-        raise ConfigError("certificate.details.scaled.trial_noise_multiplier", f"{sigma!r} is not a positive number",
+        raise ConfigError(f"certificate.details.{key}.trial_noise_multiplier", f"{sigma!r} is not a positive number "
+                          f"(for batch size {c.batch_size}, epochs {c.epochs:g})",
                           "use the certificate the search released, unmodified")
     return release.config.replace(noise_multiplier=float(sigma), learning_rate=release.lr_times_sigma / sigma)
 

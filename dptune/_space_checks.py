@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # config imports this module: types only
     from dptune.config import PrivacySpec, SearchSpace
 
 __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "SELECTIONS",
-           "check_adaptive", "check_privacy", "check_scaled", "check_selection", "check_space",
+           "check_adaptive", "check_privacy", "check_selection", "check_space", "check_transfer",
            "check_trial_score_noise"]
 
 SELECTIONS = ("best_score", "noisy_max")
@@ -122,7 +122,7 @@ def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
                        "e.g. 8, or leave it out")
     if p.search_share is not None:
         check_unit_interval("privacy.search_share", p.search_share, "choose e.g. 0.3 (30 % of privacy.target_epsilon "
-                            "for the scaled searcher's cheap trials)")
+                            "for the search's cheap trials)")
 
 
 def check_adaptive(s: SearchSpace) -> None:
@@ -145,7 +145,7 @@ def check_adaptive(s: SearchSpace) -> None:
     if s.accounting == "random_stopping" and s.privacy.stopping == "composed":
         raise ConfigError("search.accounting", "random_stopping with privacy.stopping: composed",
                           "set search.accounting: composed")
-    check_scaled(s)
+    check_transfer(s)
     check_selection(s)
 
 
@@ -172,30 +172,45 @@ def check_trial_score_noise(s: SearchSpace) -> None:
                               "change privacy settings with SearchSpace.with_privacy(...), or load the space file")
 
 
-def check_scaled(s: SearchSpace) -> None:
-    """The scaled searcher tunes the final run's learning rate only: ``space.learning_rate`` lists the
-    candidates, each tried once; the cheap trials' σ and the final σ follow from ``privacy.target_epsilon``
-    and ``privacy.search_share``."""
-    if s.searcher != "scaled":
-        if s.privacy.search_share is not None:
-            raise ConfigError("privacy.search_share", f"only the scaled searcher uses it (searcher: {s.searcher})",
-                              "remove privacy.search_share, or set search.searcher: scaled")
+def check_transfer(s: SearchSpace) -> None:
+    """A search that plans its final run (``privacy.search_share`` with ``privacy.target_epsilon``; the scaled
+    searcher always does) runs every trial at one cheap σ_c with the noise-scaled transfer lr = L·σ_f(B, E)/σ_c
+    (``accounting.TransferPlan``): the noise multiplier is set by the budget, not searched, and the final
+    run's σ_f must be known for every reachable batch size and epochs. The scaled searcher tries every
+    combination of its categorical choices once."""
+    p = s.privacy
+    if p.search_share is None:
+        if s.searcher == "scaled":
+            raise ConfigError("privacy.search_share", "the scaled searcher sizes its trials and the final run from it",
+                              "give the share of privacy.target_epsilon for the cheap trials, e.g. 0.3")
         return
-    lr = s.space.get("learning_rate")
-    if not isinstance(lr, od.CategoricalDistribution):
-        raise ConfigError("space.learning_rate", "the scaled searcher needs the final run's learning-rate candidates",
-                          "write space.learning_rate: {type: categorical, choices: [0.2, 0.4, 0.8, 1.6, 3.2]}")
-    others = sorted(set(s.space) - {"learning_rate"})
-    if others:
-        raise ConfigError(f"space.{others[0]}", "the scaled searcher tunes only the learning rate (its cheap trials "
-                          "and the final run share every other setting)", f"fix {others[0]} under `fixed:`")
-    if s.privacy.mean != len(lr.choices):
-        raise ConfigError("privacy.mean", f"{s.privacy.mean:g} trials, but the scaled searcher runs each of the "
-                          f"{len(lr.choices)} learning-rate candidates once", f"set privacy.mean: {len(lr.choices)}")
-    for key, fix in (("target_epsilon", "give the total ε for search + final training, e.g. 2"),
-                     ("search_share", "give the share of it for the cheap trials, e.g. 0.3")):
-        if getattr(s.privacy, key) is None:
-            raise ConfigError(f"privacy.{key}", "the scaled searcher sizes its trials and the final run from it", fix)
+    if p.target_epsilon is None:
+        raise ConfigError("privacy.target_epsilon", "privacy.search_share is a share of it: the search sizes its "
+                          "trials and the final run from it", "give the total ε for search + final training, e.g. 2")
+    if "noise_multiplier" in s.space:
+        raise ConfigError("space.noise_multiplier", "is set by the budget when the search plans its final run "
+                          "(privacy.search_share): trials run at one cheap noise multiplier, the final run at what "
+                          "privacy.target_epsilon leaves", "remove space.noise_multiplier (or remove "
+                          "privacy.search_share and privacy.target_epsilon to search it directly)")
+    epochs = s.space.get("epochs")
+    if isinstance(epochs, od.FloatDistribution) and epochs.step is None:
+        raise ConfigError("space.epochs", "a continuous range: the final run's noise multiplier is planned per "
+                          "reachable number of epochs", "use categorical choices or an int range")
     if s.tune_fraction < 1:
-        raise ConfigError("search.tune_fraction", "the scaled searcher runs on the full training split",
-                          "remove search.tune_fraction")
+        raise ConfigError("search.tune_fraction", "a search that plans its final run runs on the full training "
+                          "split", "remove search.tune_fraction")
+    if s.searcher != "scaled":
+        return
+    if not s.space:
+        raise ConfigError("space", "the scaled searcher needs candidates",
+                          "write e.g. space.learning_rate: {type: categorical, choices: [0.2, 0.4, 0.8, 1.6, 3.2]}")
+    size = 1
+    for key, dist in sorted(s.space.items()):
+        if not isinstance(dist, od.CategoricalDistribution):
+            raise ConfigError(f"space.{key}", "the scaled searcher tries every combination of its candidates once",
+                              f"write space.{key} as categorical choices")
+        size *= len(dist.choices)
+    if s.privacy.mean != size:
+        raise ConfigError("privacy.mean", f"{s.privacy.mean:g} trials, but the scaled searcher runs each of its "
+                          f"{size} candidates (every combination of the space's choices) once",
+                          f"set privacy.mean: {size}")

@@ -79,9 +79,10 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
            runs_dir: str | Path = "runs", name: str | None = None, tune_fraction: float | None = None,
            epochs: float | None = None, num_cpus: int | None = None, address: str | None = None,
            cpus_per_trial: float = 1.0, gpus_per_trial: str = "auto", save_checkpoint: bool = False,
-           resume: bool = False, seed: int | None = None) -> SearchResult:
-    """Run a private random search (charged to ``ledger`` before any trial) and return its release.
-    ``ledger``: default the per-user ledger the CLI uses (:func:`dptune.ledger.default_ledger_path`)."""
+           resume: bool = False, seed: int | None = None, tune_anyway: bool = False) -> SearchResult:
+    """Run a private search (charged to ``ledger`` before any trial) and return its release.
+    ``ledger``: default the per-user ledger the CLI uses (:func:`dptune.ledger.default_ledger_path`).
+    ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay."""
     from dptune._search.driver import SearchRequest, default_run_name, run_search
     from dptune._search.options import RayOptions
     from dptune.ledger import default_ledger_path
@@ -92,7 +93,7 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
                      gpus_per_trial=gpus_per_trial, save_model=save_checkpoint)
     out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name, ledger=Path(ledger or default_ledger_path()).expanduser().resolve(),
                                    budget_epsilon=budget_epsilon, budget_delta=budget_delta,
-                                   resume=resume, seed=seed, ray=ray))
+                                   resume=resume, seed=seed, ray=ray, tune_anyway=tune_anyway))
     release = out.run.release
     return SearchResult(out.run.root, release, dict(out.released["config"]), out.released["score"],
                         load_certificate(release / "certificate.json"))

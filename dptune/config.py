@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from dptune._space_checks import (
 from dptune.errors import ConfigError, check_positive, check_unit_interval
 
 __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "ConfigError",
-           "DatasetSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "check_adaptive", "check_privacy",
+           "DatasetSpec", "PlannerSpec", "PrivacySpec", "SearchSpace", "TrialConfig", "check_adaptive", "check_privacy",
            "check_space", "check_trial_score_noise", "later_defaults", "load_space", "nominal_train_size",
            "parse_space", "support_extremes", "support_values"]
 
@@ -223,7 +224,9 @@ class PrivacySpec:
     # the total ε the curator plans for search + final training (the search prints the final-training
     # command calibrated to it); None: the curator chooses at final training
     target_epsilon: float | None = None
-    search_share: float | None = None  # the scaled searcher: share of target_epsilon for its cheap trials
+    # share of target_epsilon for the search: set, the search plans its final run (every trial at one cheap σ,
+    # lr scaled to the final run's update noise: accounting.TransferPlan); the scaled searcher needs it
+    search_share: float | None = None
     # best_score: every trial releases a Gaussian-noised score, the best is released (any searcher);
     # noisy_max: trials release nothing, one report-noisy-max picks the candidate (the scaled searcher)
     selection: str = "best_score"
@@ -232,6 +235,26 @@ class PrivacySpec:
     def trial_score_noise(self) -> float | None:
         """The noise of each trial's own score release: None when none is released per trial."""
         return None if self.selection == "noisy_max" else self.score_noise
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """The planner's priors for the verdict "is this search expected to pay" (``accounting.advise_transfer``),
+    measured on a public proxy task, never on the private data: ``proxy`` names the task and the command that
+    measured them. Without a ``planner:`` section the generic priors below apply (and the verdict says so)."""
+
+    proxy: str = "none: generic priors"
+    accuracy_spread: float = 0.10  # std of accuracy across the space's configs
+    loss_per_noise_doubling: float = 0.15  # accuracy lost when the final model's noise-to-signal doubles
+    min_gain: float = 0.005  # the proxy gain a search must promise to be run (half a point)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.proxy, str) or not self.proxy.strip():
+            raise ConfigError("planner.proxy", f"{self.proxy!r} is not a name", "name the public proxy task")
+        for key in ("accuracy_spread", "loss_per_noise_doubling"):
+            check_positive(f"planner.{key}", getattr(self, key), "give a prior measured on a public proxy task")
+        if not (math.isfinite(self.min_gain) and self.min_gain >= 0):
+            raise ConfigError("planner.min_gain", f"{self.min_gain!r} must be >= 0", "choose e.g. 0.005")
 
 
 @dataclass(frozen=True)
@@ -249,6 +272,12 @@ class SearchSpace:
     scheduler: str = "fifo"
     tune_fraction: float = 1.0
     source: str | None = None
+    planner: PlannerSpec = PlannerSpec()
+
+    @property
+    def transfers(self) -> bool:
+        """Whether the search plans its final run: trials at one cheap σ_c with the noise-scaled transfer."""
+        return self.privacy.search_share is not None
 
     def with_privacy(self, **changes: Any) -> SearchSpace:
         """This space with ``privacy`` settings changed, its trials' own score noise derived again (a noisy-max
@@ -263,7 +292,7 @@ class SearchSpace:
         return self.fixed.replace(**dict(params), seed=seed)
 
 
-_TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search")
+_TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search", "planner")
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -303,8 +332,11 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     check_privacy(privacy, public_validation=dataset.public_validation)
     fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.trial_score_noise)
     _specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
+    planner_raw = _section(raw, "planner", tuple(f.name for f in dataclasses.fields(PlannerSpec)))
+    planner = PlannerSpec(**{k: coerce_value(f"planner.{k}", v, PlannerSpec.__dataclass_fields__[k].type)
+                             for k, v in planner_raw.items()})
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
-                            privacy=privacy, source=source, **_parse_search(raw))
+                            privacy=privacy, source=source, planner=planner, **_parse_search(raw))
     check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)
     return space_obj
 

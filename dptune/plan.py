@@ -32,7 +32,7 @@ from dptune.accounting import (
     StoppingRule,
     TrialPoint,
     advise,
-    advise_scaled,
+    advise_transfer,
     alternative_rules,
     epsilon,
     plan_search,
@@ -73,14 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target-epsilon", type=float, help="also find the smallest noise-multiplier lower bound that fits")
     p.add_argument("--tune-fraction", type=float,
                    help="run the search on a Poisson subsample of this fraction of the training data (0 < f <= 1)")
-    p.add_argument("--accuracy-spread", type=float, default=0.10,
-                   help="advice prior: std of validation accuracy across the space's configs (default 0.10)")
-    p.add_argument("--loss-per-doubling", type=float, default=0.15,
-                   help="advice prior: accuracy lost when the final model's noise-to-signal doubles (default 0.15)")
-    p.add_argument("--min-gain", type=float, default=0.005,
-                   help="advice: the smallest expected gain (accuracy) worth a search (default 0.005)")
-    p.add_argument("--baseline", help="scaled searcher: a space file whose default config is the no-search "
-                   "alternative (default: this space's own default)")
+    p.add_argument("--accuracy-spread", type=float,
+                   help="advice prior: std of validation accuracy across the space's configs (default: the space's "
+                   "planner.accuracy_spread, measured on its public proxy; 0.10 without one)")
+    p.add_argument("--loss-per-doubling", type=float,
+                   help="advice prior: accuracy lost when the final model's noise-to-signal doubles (default: the "
+                   "space's planner.loss_per_noise_doubling; 0.15 without one)")
+    p.add_argument("--min-gain", type=float,
+                   help="advice: the smallest expected gain (accuracy) worth a search (default: planner.min_gain, 0.005)")
+    p.add_argument("--baseline", help="a search that plans its final run: a space file whose default config is the "
+                   "no-search alternative (default: this space's own default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", help="also draw epsilon vs mean trials per stopping rule to this PNG file")
     return p
@@ -142,7 +144,7 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
             raise ConfigError("--delta", f"{args.delta!r} is not in (0, 1)", "choose e.g. 1e-5")
         space = _replace_privacy(space, delta=args.delta)
     check_privacy(space.privacy, space.dataset.public_validation)
-    if space.searcher == "scaled" and args.target_epsilon is not None:  # the scaled plan is sized from it
+    if space.transfers and args.target_epsilon is not None:  # the trials and final run are sized from it
         space = _replace_privacy(space, target_epsilon=args.target_epsilon)
     if args.tune_fraction is not None:
         space = dataclasses.replace(space, tune_fraction=args.tune_fraction)
@@ -194,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         out = _summary(plan)
         if space is not None:
             out["tune_fraction"] = space.tune_fraction
-        if space is not None and space.searcher == "scaled":
-            out["scaled"] = _scaled_json(args, space, plan.n_train)
+        if space is not None and space.transfers:
+            out["transfer"] = _transfer_json(args, space, plan.n_train)
         elif args.target_epsilon is not None:
             if space is None:
                 space = _explicit_space(args, plan)
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             out["target_epsilon"] = args.target_epsilon
             out["noise_multiplier_floor"] = floor
             if args.space:
-                pr = _priors(args)
+                pr = _priors(args, space)
                 out["advice"] = _advice_json(advise(
                     space, plan.n_train, target_epsilon=args.target_epsilon, accuracy_spread=pr["accuracy_spread"],
                     loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"]))
@@ -238,32 +240,40 @@ def _explicit_space(args: argparse.Namespace, plan: Plan) -> SearchSpace:
     return SearchSpace("explicit", DatasetSpec(public_validation=args.score_noise is None), fixed, {}, fixed, privacy)
 
 
-def _priors(args: argparse.Namespace) -> dict[str, float]:
-    for flag, value in (("--accuracy-spread", args.accuracy_spread), ("--loss-per-doubling", args.loss_per_doubling)):
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(flag, f"{value!r} must be > 0", "give a prior from a public proxy task, e.g. 0.02")
-    if not (math.isfinite(args.min_gain) and args.min_gain >= 0):
-        raise ConfigError("--min-gain", f"{args.min_gain!r} must be >= 0", "choose e.g. 0.005 (half a point)")
-    return {"accuracy_spread": args.accuracy_spread, "loss_per_noise_doubling": args.loss_per_doubling,
-            "min_gain": args.min_gain}
+def _priors(args: argparse.Namespace, space: SearchSpace) -> dict[str, float]:
+    """The advice priors: the flags, else the space's ``planner`` section (measured on its public proxy)."""
+    pr = space.planner
+    values = {"accuracy_spread": pr.accuracy_spread if args.accuracy_spread is None else args.accuracy_spread,
+              "loss_per_noise_doubling": pr.loss_per_noise_doubling if args.loss_per_doubling is None
+              else args.loss_per_doubling,
+              "min_gain": pr.min_gain if args.min_gain is None else args.min_gain}
+    for flag, key in (("--accuracy-spread", "accuracy_spread"), ("--loss-per-doubling", "loss_per_noise_doubling")):
+        if not (math.isfinite(values[key]) and values[key] > 0):
+            raise ConfigError(flag, f"{values[key]!r} must be > 0", "give a prior from a public proxy task, e.g. 0.02")
+    if not (math.isfinite(values["min_gain"]) and values["min_gain"] >= 0):
+        raise ConfigError("--min-gain", f"{values['min_gain']!r} must be >= 0", "choose e.g. 0.005 (half a point)")
+    return values
 
 
-def _scaled_json(args: argparse.Namespace, space: SearchSpace, n_train: int) -> dict[str, Any]:
-    """The scaled searcher's trials, final run and verdict (``privacy.target_epsilon`` or --target-epsilon)."""
+def _transfer_json(args: argparse.Namespace, space: SearchSpace, n_train: int) -> dict[str, Any]:
+    """The trials, final runs and verdict of a search that plans its final run (``privacy.target_epsilon`` or
+    --target-epsilon)."""
     try:
         baseline = load_space(args.baseline).default if args.baseline else None
     except ConfigError as e:
         raise ConfigError("--baseline", f"{args.baseline}: {e.field}: {e.problem}", e.fix) from e
-    pr = _priors(args)
-    a = advise_scaled(space, n_train, baseline=baseline, accuracy_spread=pr["accuracy_spread"],
-                      loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"])
+    pr = _priors(args, space)
+    a = advise_transfer(space, n_train, baseline=baseline, accuracy_spread=pr["accuracy_spread"],
+                        loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"])
     p = a.plan
     sel = space.privacy
-    return {"selection": {"rule": sel.selection, "noise": sel.score_noise},
-            "target_epsilon": a.target_epsilon, "search_epsilon": a.search_epsilon, "trial_noise_multiplier":
-            p.trial_sigma, "trials": [{"candidate": c, "trial_learning_rate": p.trial_learning_rate(c)}
-                                      for c in p.candidates],
-            "final_noise_multiplier": p.final_sigma, "final_n": p.final_n, "baseline": args.baseline or "default",
+    return {"searcher": space.searcher, "selection": {"rule": sel.selection, "noise": sel.score_noise},
+            "target_epsilon": a.target_epsilon, "search_epsilon": a.search_epsilon,
+            "trial_noise_multiplier": p.trial_sigma, "expected_trials": a.expected_trials,
+            "final_noise_multipliers": [{"batch_size": b, "epochs": e, "noise_multiplier": sf}
+                                        for b, e, sf in p.final_sigmas],
+            "candidates": [dict(c) for c in p.candidates],
+            "final_n": p.final_n, "baseline": args.baseline or "default",
             "baseline_noise_multiplier": a.baseline_sigma, "noise_ratio": a.noise_ratio, "transfer": a.transfer,
             "expected_gain": a.expected_gain, "proxy": a.proxy, "pays": a.pays, "verdict": a.verdict,
             "priors": {**a.priors, "min_gain": a.min_gain}}
@@ -303,7 +313,7 @@ def _print_advice(a: dict[str, Any]) -> None:
 def _score_label(out: dict[str, Any], score_noise: float | None) -> str:
     if score_noise is not None:
         return f"{score_noise:g}"
-    noisy_max = out.get("scaled", {}).get("selection", {}).get("rule") == "noisy_max"
+    noisy_max = out.get("transfer", {}).get("selection", {}).get("rule") == "noisy_max"
     return "none per trial (one noisy max selects)" if noisy_max else "public"
 
 
@@ -329,17 +339,21 @@ def _print(out: dict[str, Any]) -> None:
             print(f"target epsilon {out['target_epsilon']:g}: noise_multiplier lower bound >= {floor:.4f}")
     if "advice" in out:
         _print_advice(out["advice"])
-    if "scaled" in out:
-        _print_scaled(out["scaled"])
+    if "transfer" in out:
+        _print_transfer(out["transfer"])
 
 
-def _print_scaled(s: dict[str, Any]) -> None:
-    print(f"\nscaled searcher, total epsilon {s['target_epsilon']:g} (search {s['search_epsilon']:.4f} + final run, "
-          "composed: the smallest valid bound, RDP or PLD):")
-    print(f"  {len(s['trials'])} cheap trials at noise multiplier {s['trial_noise_multiplier']:.4g}; final run on "
-          f"{s['final_n']} examples (train + validation) at {s['final_noise_multiplier']:.4g}")
-    print("  final-run candidate lr -> cheap trial's lr (same update noise lr x sigma): " + ", ".join(
-        f"{t['candidate']:g} -> {t['trial_learning_rate']:.4g}" for t in s["trials"]))
+def _print_transfer(s: dict[str, Any]) -> None:
+    print(f"\n{s['searcher']} searcher planning its final run, total epsilon {s['target_epsilon']:g} (search "
+          f"{s['search_epsilon']:.4f} + final run, composed: the smallest valid bound, RDP or PLD):")
+    print(f"  trials at noise multiplier {s['trial_noise_multiplier']:.4g}, each with lr = L x sigma_f(B, E) / "
+          f"{s['trial_noise_multiplier']:.4g} (L: the final run's lr; the same update noise lr x sigma)")
+    print(f"  final run on {s['final_n']} examples (train + validation), noise multiplier per batch size and epochs: "
+          + ", ".join(f"B {f['batch_size']} E {f['epochs']:g}: {f['noise_multiplier']:.4g}"
+                      for f in s["final_noise_multipliers"]))
+    if s["candidates"]:
+        print(f"  {len(s['candidates'])} candidates, each tried once: " + "; ".join(
+            ", ".join(f"{k} {v:g}" for k, v in c.items()) for c in s["candidates"]))
     sel = s["selection"]
     if sel["rule"] == "noisy_max":
         print(f"  selection: one report-noisy-max (Gumbel scale {sel['noise']:g} on each trial's validation "
@@ -348,7 +362,7 @@ def _print_scaled(s: dict[str, Any]) -> None:
         print(f"  selection: each trial's validation score released with Gaussian noise (std {sel['noise']:g} on "
               "the correct-count), the best wins")
     print(f"  baseline ({s['baseline']}): trained once with the whole budget at noise multiplier "
-          f"{s['baseline_noise_multiplier']:.4g}")
+          f"{s['baseline_noise_multiplier']:.4g}; priors from {s['priors']['proxy']}")
     print(("  " if s["pays"] else "  NOTE: ") + s["verdict"])
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 from dp_accounting import dp_event as de
 
-from dptune.accounting import Plan, ScaledPlan, transfer_config
+from dptune.accounting import Plan, TransferPlan, transfer_config
 from dptune.certificate import Certificate, load_certificate
 from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig, coerce_value, later_defaults
 from dptune.errors import ConfigError
@@ -82,20 +82,20 @@ def select(space: SearchSpace, rows: Sequence[TrialRow], *, n_val: int, seed: in
 
 
 def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
-                    scaled: ScaledPlan | None = None) -> tuple[dict[str, Any], float | None]:
+                    transfer: TransferPlan | None = None) -> tuple[dict[str, Any], float | None]:
     """(searched hyperparameters, score) to release. K = 0: the default config and no score.
 
     With ``search.tune_fraction`` f < 1 the trial ran on a Poisson subsample at q = B/(f·n); the transfer
     rule keeps q (batch size B/f on the full data), epochs, learning rate and σ (``transfer_config``).
-    The scaled searcher releases the final run's learning-rate candidate its best trial stood for (trial i
-    ran candidate i at the cheap σ) and the final σ the budget leaves. A noisy-max selection releases the
-    index only: no score (the trial's sealed score is its raw validation accuracy).
+    A search that planned its final run (``transfer``) releases the final-run config its best trial stood for
+    (the trial ran it at the cheap σ_c, lr scaled) with the σ_f the budget leaves for it. A noisy-max selection
+    releases the index only: no score (the trial's sealed score is its raw validation accuracy).
     """
+    params = {k: getattr(space.default, k) for k in space.space} if best is None else dict(best.params)
+    if transfer is not None:
+        params["noise_multiplier"] = transfer.final_config(space.fixed.replace(**params)).noise_multiplier
     if best is None:
-        return {k: getattr(space.default, k) for k in space.space}, None
-    params = dict(best.params)
-    if scaled is not None:
-        params = {"learning_rate": scaled.candidates[best.index], "noise_multiplier": scaled.final_sigma}
+        return params, None
     if space.tune_fraction < 1:
         params = transfer_config(params, fraction=space.tune_fraction, n_train=n_train)
     score = best.rank_key[0]
@@ -115,9 +115,9 @@ def public_dataset(spec: DatasetSpec) -> dict[str, Any]:
 
 
 def release_document(space: SearchSpace, params: dict[str, Any], score: float | None, *,
-                     scaled: ScaledPlan | None = None) -> dict[str, Any]:
-    """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one). The
-    scaled searcher's release adds its rule: final training sets lr = lr_times_sigma / σ."""
+                     transfer: TransferPlan | None = None) -> dict[str, Any]:
+    """The content of ``best_config.yaml`` (no seed: whoever trains the config draws a fresh one). A search
+    that planned its final run adds its rule: final training sets lr = lr_times_sigma / σ."""
     private = not space.dataset.public_validation
     kind = "validation accuracy" + (f" + Gaussian noise (std {space.privacy.score_noise:g} on the correct-count)"
                                     if private else " (public split)")
@@ -137,15 +137,15 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
     }
     if space.tune_fraction < 1:
         doc["tuned_on_fraction"] = space.tune_fraction
-    if scaled is not None:
-        doc["scaling_rule"] = {"lr_times_sigma": scaled.lr_times_sigma(params["learning_rate"]),
+    if transfer is not None:
+        doc["scaling_rule"] = {"lr_times_sigma": transfer.lr_times_sigma(space.fixed.replace(**params)),
                                "rule": "learning_rate = lr_times_sigma / noise_multiplier of the final run "
-                                       "(Panda et al. 2024 linear scaling rule, one cheap level)"}
+                                       "(the update noise lr x sigma the trial ran at; Panda et al. 2024)"}
     return doc
 
 
 def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent, *, dataset_id: str,
-                       reproducible: bool, created: str, scaled: ScaledPlan | None = None) -> Certificate:
+                       reproducible: bool, created: str, transfer: TransferPlan | None = None) -> Certificate:
     """The search's certificate. Its event is the one the ledger charged at reserve time (a resumed
     search was checked to plan the same event); the plan supplies only descriptive details."""
     details: dict[str, Any] = {
@@ -160,9 +160,8 @@ def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent
                          "index is released",
             "charged_as": "NoisyMaxDpEvent: (1/scale)-bounded range, 1/(8 scale^2)-zCDP (Cesar & Rogers 2021), "
                           "(1/scale)-DP; once for the whole search"}
-    if scaled is not None:
-        details["scaled"] = {"trial_noise_multiplier": scaled.trial_sigma, "candidates": list(scaled.candidates),
-                             "planned_final_noise_multiplier": scaled.final_sigma, "planned_final_n": scaled.final_n}
+    if transfer is not None:
+        details["transfer"] = transfer.describe()
     if space.tune_fraction < 1:
         details.update({
             "tune_fraction": space.tune_fraction, "subsample_rule": "Poisson, drawn once from the sealed seed",

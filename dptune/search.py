@@ -17,7 +17,7 @@ from typing import Any
 
 from dptune._cli import callable_module, run_cli
 from dptune._search.driver import SearchRequest
-from dptune.config import SearchSpace, check_space, load_space
+from dptune.config import SEARCHERS, SearchSpace, check_space, load_space
 from dptune.errors import ConfigError, check_unit_interval
 
 __all__ = ["main"]
@@ -33,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-epsilon", type=float, help="set the dataset's budget if it has none yet")
     p.add_argument("--budget-delta", type=float, help="δ of that budget (default: the space's δ)")
     p.add_argument("--accounting", choices=["random_stopping", "composed"], help="override search.accounting")
-    p.add_argument("--searcher", choices=["random", "tpe", "scaled"], help="override search.searcher")
+    p.add_argument("--searcher", choices=list(SEARCHERS), help="override search.searcher")
+    p.add_argument("--tune-anyway", action="store_true", help="run a search the planner does not expect to pay "
+                   "(by default it is refused, exit 2, nothing charged)")
     p.add_argument("--trials", type=int, help="number of trials under composed accounting")
     p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start a local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
@@ -148,7 +150,7 @@ def _request(args: argparse.Namespace) -> SearchRequest:
     return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=_ledger_path(args.ledger),
                          budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
                          resume=args.resume, seed=args.seed,
-                         show_trials=args.show_trials, ray=ray)
+                         show_trials=args.show_trials, ray=ray, tune_anyway=args.tune_anyway)
 
 
 def _ledger_path(given: str | None) -> Path:

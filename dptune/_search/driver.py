@@ -21,7 +21,7 @@ import optuna.distributions as od
 from dptune._search.draw import Draw, make_draw
 from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
 from dptune._search.options import RayOptions, check_auth_mode, check_token_file
-from dptune.accounting import Plan, ScaledPlan, plan_scaled, plan_search
+from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta
 from dptune.ledger import Charge, Ledger, adopt_ids, budget_match, open_budget
@@ -53,6 +53,8 @@ class SearchRequest:
     # the exact command that resumes this search (the CLI's): a watcher process prints it if this process
     # dies without a word (a killed head raylet ends Ray's driver at once); None: no watcher (the API)
     resume_command: str | None = None
+    # run a search that plans its final run even when the planner does not expect it to pay (--tune-anyway)
+    tune_anyway: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,10 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             "space": {k: od.distribution_to_json(d) for k, d in sorted(space.space.items())},
             "default": space.default.to_dict(), "privacy": dataclasses.asdict(space.privacy),
             "accounting": space.accounting, "searcher": space.searcher, "scheduler": space.scheduler,
-            "tune_fraction": space.tune_fraction}
+            "tune_fraction": space.tune_fraction,
+            # a search that plans its final run seals final-run params (the trial runs them at σ_c, lr scaled);
+            # a sealed scaled search from before then sealed the trials' own: the key tells them apart
+            **({"sealed_params": "final-run"} if space.transfers else {})}
 
 
 def sealed_run_spec(stored: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +101,7 @@ class _Prepared:
     plan: Plan
     fingerprint: str
     spec: dict[str, Any]
-    scaled: ScaledPlan | None  # the scaled searcher's trials and final σ
+    transfer: TransferPlan | None  # a search that plans its final run: σ_c, σ_f per (B, E), the scaled grid
     notes: tuple[str, ...] = ()  # what the clipping guard chose instead of auto's default mode
 
 
@@ -109,10 +114,29 @@ def _prepare(req: SearchRequest) -> _Prepared:
     # δ ≥ 1/n admits publishing one random example in the clear (n: the smaller, training split)
     check_delta("privacy.delta", req.space.privacy.delta, n_train)
     plan = plan_search(req.space, n_train, compare=False)
-    # the scaled searcher plans the final run its printed dptune.train command makes: on train + validation
-    scaled = None if req.space.searcher != "scaled" else plan_scaled(
+    # a search that plans its final run plans the one its printed dptune.train command makes: on train + validation
+    transfer = None if not req.space.transfers else plan_transfer(
         req.space, plan, final_n=n_train + int(len(data.val[1])))
-    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), scaled, notes)
+    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), transfer, notes)
+
+
+def _verdict(req: SearchRequest, p: _Prepared, say: Callable[[str], None]) -> None:
+    """A search that plans its final run is priced before anything is charged (priors from the space's public
+    proxy, never from this data); one not expected to pay is refused (exit 2) unless the user tunes anyway."""
+    if p.transfer is None:
+        return
+    from dptune.accounting import advise_transfer
+
+    a = advise_transfer(req.space, p.n_train, n_val=int(len(p.data.val[1])), planned=(p.plan, p.transfer))
+    say(f"  planner (priors from {req.space.planner.proxy}): {a.verdict}")
+    if a.pays:
+        return
+    if not req.tune_anyway:
+        raise ConfigError("--tune-anyway", "the planner does not expect this search to beat training the default "
+                          "config once with the whole budget (see its verdict above); nothing was charged",
+                          "train the default with python -m dptune.train, raise privacy.target_epsilon, or pass "
+                          "--tune-anyway (API: tune_anyway=True) to search anyway")
+    say("  --tune-anyway: searching although the planner does not expect it to pay")
 
 
 def _validate_models(space: SearchSpace, data: Any) -> tuple[str, ...]:
@@ -196,7 +220,7 @@ def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
                     run_spec=p.spec, event_sha256=_event_sha(charge), status="reserved",
                     ledger=str(req.ledger.resolve()), reserved_at=charge.created)
     draw = make_draw(req.space, p.plan.stopping, seed=req.seed,
-                     grid=None if p.scaled is None else p.scaled.trial_params())
+                     grid=list(p.transfer.candidates) if p.transfer and req.space.searcher == "scaled" else None)
     draw.save(run.draw_file)
     return charge, draw
 
@@ -269,7 +293,7 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
-                                 charged_points=p.plan.points)
+                                 charged_points=p.plan.points, transfer=p.transfer)
     return rows, dashboard
 
 
@@ -325,6 +349,8 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     if req.seed is not None or os.environ.get("DPTUNE_TEST_DRAW_SEED") is not None:
         say("WARNING: fixed randomness (--seed or the test hook): K, the configs and all DP noise are "
             "reproducible: NOT PRIVATE (tests/reproducibility only).")
+    if not req.resume:
+        _verdict(req, p, say)
     charge, draw = (_resume if req.resume else _reserve)(req, run, ledger, p, say)
     say(f"dptune search {run.root.name!r}: space {req.space.name} ({req.space.searcher} search, "
         f"{p.plan.stopping.label()})")
@@ -370,11 +396,11 @@ def _after_reservation(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prep
 def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, charge: Charge, draw: Draw,
              rows: list[TrialRow], dashboard: str | None) -> SearchOutcome:
     best = select(req.space, rows, n_val=int(len(p.data.val[1])), seed=draw.stream_seed("selection"))
-    params, score = released_params(req.space, best, p.n_train, scaled=p.scaled)
-    document = release_document(req.space, params, score, scaled=p.scaled)
+    params, score = released_params(req.space, best, p.n_train, transfer=p.transfer)
+    document = release_document(req.space, params, score, transfer=p.transfer)
     budget_fp = run.read_state()["budget_fingerprint"]
     cert = search_certificate(req.space, p.plan, charge.event, dataset_id=ledger.dataset_id(budget_fp),
-                              reproducible=draw.reproducible, created=day_of(charge.created), scaled=p.scaled)
+                              reproducible=draw.reproducible, created=day_of(charge.created), transfer=p.transfer)
     checkpoint = None
     if req.ray.save_model and best is not None and best.checkpoint:
         checkpoint = Path(best.checkpoint) / "model.pt"

@@ -273,16 +273,17 @@ def _log_traceback(run: RunDir) -> str:
 
 def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions, *,
                show_trials: bool = False, resume: bool = False, sampling_basis: float | None = None,
-               charged_points: Sequence[Any] = ()) -> list[TrialRow]:
-    """Run the draw's trials on Ray Tune; one sealed row per trial. Raises :class:`SearchInterrupted`
-    (some trials did not finish) or :class:`SearchFailed` (Tune itself failed)."""
+               charged_points: Sequence[Any] = (), transfer: Any = None) -> list[TrialRow]:
+    """Run the draw's trials on Ray Tune; one sealed row per trial (``transfer``: each trial runs its final-run
+    config at the planned cheap σ_c, lr scaled). Raises :class:`SearchInterrupted` (some trials did not
+    finish) or :class:`SearchFailed` (Tune itself failed)."""
     resources = {"cpu": opts.cpus_per_trial, "gpu": _gpus(opts)}
     fixed = {k: v for k, v in space.fixed.to_public_dict().items() if k not in space.space}
     trainable = tune.with_resources(
         tune.with_parameters(dptune_trial, data=data, slots=draw.trials, fixed=fixed,
                              threads=max(1, int(opts.cpus_per_trial)), save_model=opts.save_model,
                              checkpoint_every=opts.checkpoint_every, adaptive_seed_base=draw.stream_seed("searcher"),
-                             sampling_basis=sampling_basis, charged_points=list(charged_points)),
+                             sampling_basis=sampling_basis, charged_points=list(charged_points), transfer=transfer),
         resources)
     log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)
     try:

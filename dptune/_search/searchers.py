@@ -18,7 +18,7 @@ from dptune.config import SearchSpace
 if TYPE_CHECKING:
     from dptune._search.draw import Draw
 
-__all__ = ["SEARCHERS", "Searcher", "searcher", "seed_words"]
+__all__ = ["SEARCHERS", "Searcher", "searcher", "seed_words", "tpe_startup_trials"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,12 @@ def seed_words(seed: int) -> list[int]:
     return [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(4)]
 
 
+def tpe_startup_trials(trials: float) -> int:
+    """TPE's random start: a third of the (composed, fixed) trial count, at least 2. Optuna's default of 10
+    would make a search of fewer than 11 trials a random search charged as an adaptive one."""
+    return max(2, round(trials / 3))
+
+
 def _tpe(space: SearchSpace, seed: int) -> Any:
     from optuna.samplers import TPESampler
     from ray.tune.search.optuna import OptunaSearch
@@ -57,7 +63,7 @@ def _tpe(space: SearchSpace, seed: int) -> Any:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # OptunaSearch(sampler=...) ignores its own seed: the sampler is seeded from the sealed draw's 128-bit
     # sampler stream, all of it (TPESampler hands the seed to RandomState.seed, which takes a word array)
-    sampler = TPESampler(seed=cast(int, seed_words(seed)))
+    sampler = TPESampler(seed=cast(int, seed_words(seed)), n_startup_trials=tpe_startup_trials(space.privacy.mean))
     return _FinalOnlyOptunaSearch(space=dict(space.space), metric="score", mode="max", sampler=sampler)
 
 

@@ -26,7 +26,7 @@ __all__ = ["dptune_trial"]
 def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
                  threads: int = 1, save_model: bool = False, checkpoint_every: int = 0,
                  adaptive_seed_base: int = 0, sampling_basis: float | None = None,
-                 charged_points: list[Any] | None = None) -> None:
+                 charged_points: list[Any] | None = None, transfer: Any = None) -> None:
     started = time.time()
     import torch
 
@@ -44,7 +44,8 @@ def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
     work = _work_dir()
     try:
         _trial_body(work, index, slot, params, started, data=data, fixed=fixed, save_model=save_model,
-                    checkpoint_every=checkpoint_every, sampling_basis=sampling_basis, charged_points=charged_points)
+                    checkpoint_every=checkpoint_every, sampling_basis=sampling_basis, charged_points=charged_points,
+                    transfer=transfer)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -57,7 +58,7 @@ def _work_dir() -> Path:
 
 def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, Any], started: float, *, data: Any,
                 fixed: dict[str, Any], save_model: bool, checkpoint_every: int, sampling_basis: float | None,
-                charged_points: list[Any] | None) -> None:
+                charged_points: list[Any] | None, transfer: Any) -> None:
     import torch
 
     from dptune import dpsgd
@@ -77,6 +78,8 @@ def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, 
                             "seed": str(slot["seed"]),
                             "node_id": _node_id(), "attempts": attempts}
     cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
+    if transfer is not None:  # params are the final run's: run them at σ_c with lr = L·σ_f(B, E)/σ_c
+        cfg = transfer.trial_config(cfg)
     result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
                              return_model=save_model, sampling_basis=sampling_basis,
                              charged_points=charged_points or None)

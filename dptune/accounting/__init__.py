@@ -10,7 +10,7 @@ accountant); stopping rules are the subclasses of :class:`StoppingRule` named in
 Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
 ``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the RDP interpreter); ``_pld`` (the
 PLD interpreter); ``_mixed`` (RDP part ⊗ PLD part); ``_accountant`` (the interface and the minimum); ``_rules``;
-``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``; ``_scaled``.
+``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``; ``_transfer``.
 """
 
 from dptune.accounting import _lazy
@@ -49,21 +49,27 @@ from dptune.accounting._planner import (
     TrialPoint,
     plan_search,
     reachable_points,
-    scaled_trial_sigma,
     selection_event,
     sigma_floor,
+    transfer_trial_sigma,
     worst_case_event,
 )
 from dptune.accounting._pld import pld_epsilon, pld_of
 from dptune.accounting._rdp import rdp_epsilon, rdp_of
 from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
-from dptune.accounting._scaled import ScaledAdvice, ScaledPlan, advise_scaled, plan_scaled
 from dptune.accounting._stopping import random_stopping_rdp, tnb_gamma, tnb_mean
 from dptune.accounting._subsample import (
     min_subsample_size,
     search_parts,
     subsampled_search_event,
     transfer_config,
+)
+from dptune.accounting._transfer import (
+    TransferAdvice,
+    TransferPlan,
+    advise_transfer,
+    grid_candidates,
+    plan_transfer,
 )
 
 __all__ = [
@@ -78,8 +84,8 @@ __all__ = [
     "NoisyMaxDpEvent",
     "Plan",
     "Poisson",
-    "ScaledAdvice",
-    "ScaledPlan",
+    "TransferAdvice",
+    "TransferPlan",
     "StoppingRule",
     "SubsampledMechanismDpEvent",
     "TrialPoint",
@@ -97,8 +103,9 @@ __all__ = [
     "event_from_json",
     "event_to_json",
     "min_subsample_size",
-    "advise_scaled",
-    "plan_scaled",
+    "advise_transfer",
+    "grid_candidates",
+    "plan_transfer",
     "plan_search",
     "pld_epsilon",
     "pld_of",
@@ -108,7 +115,6 @@ __all__ = [
     "rdp_of",
     "reachable_points",
     "score_event",
-    "scaled_trial_sigma",
     "search_parts",
     "selection_event",
     "sigma_floor",
@@ -119,6 +125,7 @@ __all__ = [
     "tight_epsilon",
     "tnb_mean",
     "transfer_config",
+    "transfer_trial_sigma",
     "trial_event",
     "with_selection",
     "worst_case_event",

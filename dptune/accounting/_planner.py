@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,8 +21,8 @@ from dptune.accounting._subsample import subsampled_search_event
 from dptune.config import ConfigError, SearchSpace, check_trial_score_noise, support_values
 from dptune.errors import check_positive
 
-__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "scaled_trial_sigma", "selection_event",
-           "sigma_floor", "worst_case_event"]
+__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "selection_event", "sigma_floor",
+           "transfer_trial_sigma", "transfer_weights", "worst_case_event"]
 
 SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP series converge slowly
 
@@ -71,22 +72,40 @@ def reachable_points(space: SearchSpace, n_train: float, *, sigma_low: float | N
 
     With ``tune_fraction`` f < 1 the trials run on a Poisson subsample: q and T on the data-independent
     basis f·n (``dptune._params``; Koskela & Kulkarni 2023), errors reported as ``search.tune_fraction``.
+    A search that plans its final run (``space.transfers``) runs each (B, E) at its own cheap σ:
+    ``sigma_low`` × :func:`transfer_weight` (σ_low is the σ of the costliest point).
     """
     basis = check_fraction(tune_fraction) * n_train
     points = set()
+    weights = transfer_weights(space, basis) if space.transfers and sigma_low is not None else None
     try:
         for sigma in _sigma_values(space, sigma_low):
             for b in _values(space, "batch_size"):
                 for ep in _values(space, "epochs"):
                     q = sampling_rate(batch_size=int(b), basis=basis)
                     steps = trial_steps(epochs=float(ep), batch_size=int(b), basis=basis)
-                    points.add(TrialPoint(noise_multiplier=float(sigma), sampling_rate=q, steps=steps,
+                    s = sigma if weights is None else max(SIGMA_FLOOR_RANGE[0], sigma * weights[int(b), float(ep)])
+                    points.add(TrialPoint(noise_multiplier=float(s), sampling_rate=q, steps=steps,
                                           score_noise=space.fixed.score_noise))
     except ConfigError as e:
         if tune_fraction == 1:
             raise
         raise ConfigError("search.tune_fraction", e.problem, f"use a larger fraction; {e.fix}") from e
     return sorted(points)
+
+
+def transfer_weights(space: SearchSpace, basis: float) -> dict[tuple[int, float], float]:
+    """Per reachable (B, E), its trial σ relative to the costliest point's: q·√T over the largest q·√T. A
+    Poisson-subsampled Gaussian's RDP is about T·q²·α/σ² at the trials' large σ, so these σ make every
+    point cost about the same: a small-batch trial is not run at the noise a large batch needs. (Only a
+    choice of σ per point: the charge is the exact worst case over the points as they are.)"""
+    w = {}
+    for b in _values(space, "batch_size"):
+        for ep in _values(space, "epochs"):
+            q = sampling_rate(batch_size=int(b), basis=basis)
+            w[int(b), float(ep)] = q * math.sqrt(trial_steps(epochs=float(ep), batch_size=int(b), basis=basis))
+    top = max(w.values())
+    return {k: v / top for k, v in w.items()}
 
 
 def worst_case_event(points: list[TrialPoint]) -> de.DpEvent:
@@ -120,8 +139,8 @@ def _charge(space: SearchSpace, n_train: int, stopping: StoppingRule | None, sig
     check_trial_score_noise(space)  # what the trials run is what privacy says, or nothing is planned
     p = space.privacy
     rule = stopping or stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
-    if sigma_low is None and space.searcher == "scaled":
-        sigma_low = scaled_trial_sigma(space, n_train)
+    if sigma_low is None and space.transfers:
+        sigma_low = transfer_trial_sigma(space, n_train)
     f = space.tune_fraction
     points = reachable_points(space, n_train, sigma_low=sigma_low, tune_fraction=f)
     t_event = worst_case_event(points)
@@ -186,16 +205,17 @@ def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
                            target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
 
 
-def scaled_trial_sigma(space: SearchSpace, n_train: int) -> float:
-    """The scaled searcher's cheap-trial σ: the smallest whose trials, one per learning-rate candidate and
-    composed, cost at most ``privacy.search_share`` × ``privacy.target_epsilon`` (:func:`sigma_floor`)."""
+def transfer_trial_sigma(space: SearchSpace, n_train: int) -> float:
+    """The cheap σ_c of the costliest trial point when the search plans its final run (``privacy.search_share``;
+    every other (B, E) runs at σ_c × :func:`transfer_weights`): the smallest whose whole search (the space's own
+    stopping rule, worst case over every reachable point, score releases or the noisy max) costs at most
+    ``privacy.search_share`` × ``privacy.target_epsilon`` (:func:`sigma_floor`)."""
     p = space.privacy
-    assert p.search_share is not None and p.target_epsilon is not None  # config.check_scaled
-    sigma = sigma_floor(space, n_train, target_epsilon=p.search_share * p.target_epsilon,
-                        stopping=stopping_rule("composed", mean=p.mean))
+    assert p.search_share is not None and p.target_epsilon is not None  # config.check_transfer
+    sigma = sigma_floor(space, n_train, target_epsilon=p.search_share * p.target_epsilon)
     if sigma is None:
         raise ConfigError("privacy.search_share", f"{p.search_share:g} of epsilon {p.target_epsilon:g} does not pay "
-                          f"for {p.mean:g} trials' score releases (or the noisy max) even at noise multiplier "
+                          f"for the search's score releases (or the noisy max) even at noise multiplier "
                           f"{SIGMA_FLOOR_RANGE[1]:g}",
-                          "raise privacy.search_share or privacy.score_noise, or use fewer candidates")
+                          "raise privacy.search_share or privacy.score_noise, or run fewer trials")
     return sigma

@@ -1,0 +1,264 @@
+"""Does the search over the whole space pay on MNIST? dptune's shipped searchers that plan their final run (issue 21),
+against the literature default and an oracle grid, paired per split seed. Run: ``python bench/tuning_value_transfer.py``.
+
+Pool, splits, model, final training and statistics as ``bench/tuning_value_mnist.py`` (8,000 train / 1,000 validation
+/ 1,000 test per split seed, tanh CNN with GroupNorm, every final run on train ∪ validation with σ calibrated so that
+search ⊕ final costs at most the total ε, asserted per row; test accuracy is the non-private held-out measurement).
+
+Modes, paired per row (same split, same final-training seed):
+
+(a)  the literature default (Opacus' MNIST example: B 64, lr 0.1, 10 epochs, groups 4), trained once with the whole ε;
+(o)  oracle: ``GRID`` (fixed before any run on seeds 21+; contains (a)), every point trained with the whole ε and
+     scored on the *test* split; the best. Not private: what tuning this space can reach (a lower bound of it);
+(R)  ``search_spaces/mnist.yaml`` as shipped: random search with random stopping (Poisson, mean 3) over learning
+     rate, batch size, groups and epochs, every trial at its (B, E)'s cheap σ_c with lr = L·σ_f(B, E)/σ_c, the best
+     Gaussian-noised score released, final run at σ_f(B, E) with lr L;
+(T)  ``search_spaces/mnist_tpe.yaml``: TPE (Optuna's sampler, as dptune builds it) under composition, 5 trials,
+     the same space and transfer;
+(S)  ``search_spaces/mnist_scaled.yaml``: the scaled searcher over batch size × learning rate (6 candidates), a
+     report-noisy-max selection;
+(m)  the lr-only scaled searcher of issue 13 (B 256, lr 0.2-3.2, 5 candidates, noisy max): the comparison the issue
+     asks for ("not significantly worse than the lr-only scaled searcher").
+
+The primary mode of each searcher is its shipped space, declared in the commit that adds this bench, before its
+first run on any seed ≥ 21. Plans (σ_c, σ_f, charges) come from dptune's own ``plan_search`` / ``plan_transfer``;
+draws from ``make_draw`` with the secret seed replaced by the row's; trials run in-process (``dpsgd.run_trial``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tuning_value import paired_stats  # noqa: E402
+from tuning_value_mnist import MNIST, N_FINAL, N_TRAIN, N_VAL, QUICK_ENV, ROOT, _data, _final, gap_share  # noqa: E402
+
+from dptune.accounting import plan_search, plan_transfer  # noqa: E402
+from dptune.config import SearchSpace, parse_space  # noqa: E402
+
+GRID = ((64, 0.1), (256, 0.4), (256, 1.6), (1024, 3.2))  # (B, lr) at 10 epochs, groups 4; (a) first
+SPACES = {"R": "mnist.yaml", "T": "mnist_tpe.yaml", "S": "mnist_scaled.yaml", "m": "mnist_scaled.yaml"}
+NAMES = {"a": "(a) literature default (Opacus MNIST), whole ε", "o": "(o) oracle grid, test-scored (not private)",
+         "R": "(R) random search, random stopping, whole space (mnist.yaml)",
+         "T": "(T) TPE, composed, whole space (mnist_tpe.yaml)",
+         "S": "(S) scaled searcher, B × lr, noisy max (mnist_scaled.yaml)",
+         "m": "(m) lr-only scaled searcher, B 256 (issue 13)"}
+
+
+def space_for(mode: str, eps: float) -> SearchSpace:
+    raw = yaml.safe_load((ROOT / "search_spaces" / SPACES[mode]).read_text())
+    raw["dataset"]["path"] = str(MNIST)
+    raw["privacy"]["target_epsilon"] = eps
+    if mode == "m":  # the issue-13 lr-only searcher: B fixed at 256, five lr candidates
+        raw["space"] = {"learning_rate": {"type": "categorical", "choices": [0.2, 0.4, 0.8, 1.6, 3.2]}}
+        raw["fixed"]["batch_size"] = 256
+        raw["default"] = {"learning_rate": 0.4}
+        raw["privacy"]["mean"] = 5
+    if os.environ.get(QUICK_ENV):  # smoke check only: 1 epoch everywhere
+        raw = copy.deepcopy(raw)
+        raw["space"].pop("epochs", None)
+        raw["default"].pop("epochs", None)
+        raw["fixed"]["epochs"] = float(os.environ[QUICK_ENV])
+    return parse_space(raw, source=None)
+
+
+def baseline_space() -> SearchSpace:
+    raw = yaml.safe_load((ROOT / "search_spaces" / "mnist.yaml").read_text())
+    raw["dataset"]["path"] = str(MNIST)
+    return parse_space(raw, source=None)
+
+
+def _trial(space: SearchSpace, tp: Any, params: dict[str, Any], seed: int, data: Any) -> dict[str, Any]:
+    from dptune.dpsgd import run_trial
+
+    cfg = tp.trial_config(space.fixed.replace(**params, seed=seed))
+    points = plan_search(space, N_TRAIN, compare=False).points
+    r = run_trial(cfg, data, charged_points=points)
+    return {"params": params, "lr": cfg.learning_rate, "sigma": cfg.noise_multiplier, "score": r.score,
+            "val_raw": r.val_accuracy_raw, "diverged": r.diverged}
+
+
+def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
+    """One search exactly as ``dptune.search`` runs it (in-process), then the final run it prints."""
+    from dptune._search.draw import make_draw
+    from dptune.release import released_params, select_best, select_noisy_max
+    from dptune.trials import TrialRow
+
+    space = space_for(mode, eps)
+    plan = plan_search(space, N_TRAIN, compare=False)
+    tp = plan_transfer(space, plan, final_n=N_FINAL)
+    draw = make_draw(space, plan.stopping, seed=7_919 * (seed + 1) + ord(mode),
+                     grid=list(tp.candidates) if space.searcher == "scaled" else None)
+    trials: list[dict[str, Any]] = []
+    if space.searcher == "tpe":
+        import optuna
+
+        from dptune._search.searchers import seed_words, tpe_startup_trials
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        sampler = optuna.samplers.TPESampler(seed=seed_words(draw.stream_seed("sampler")),  # type: ignore[arg-type]
+                                             n_startup_trials=tpe_startup_trials(space.privacy.mean))
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        for t in draw.trials:
+            ot = study.ask(fixed_distributions=dict(space.space))
+            trials.append(_trial(space, tp, dict(ot.params), int(t["seed"]) % 2**63, data))
+            s = trials[-1]["score"]
+            study.tell(ot, s if math.isfinite(s) else -1.0)
+    else:
+        for t in draw.trials:
+            trials.append(_trial(space, tp, dict(t["params"]), int(t["seed"]) % 2**63, data))
+    rows = [TrialRow(index=i, params=t["params"], seed="", score=t["score"], val_accuracy_raw=t["val_raw"],
+                     diverged=t["diverged"]) for i, t in enumerate(trials)]
+    if space.privacy.selection == "noisy_max":
+        best, _ = select_noisy_max(rows, gumbel_scale=float(space.privacy.score_noise or 0), n_val=N_VAL,
+                                   seed=91_367 * (seed + 1) + ord(mode))
+    else:
+        best = select_best(rows)
+    params, _ = released_params(space, best, N_TRAIN, transfer=tp)
+    cfg = space.fixed.replace(**params)
+    lr_sigma = tp.lr_times_sigma(cfg)
+    out = _final(cfg, [plan.search_event], eps, merged, seed)  # σ calibrated as dptune.train does
+    assert abs(out["sigma_final"] / cfg.noise_multiplier - 1) < 5e-3, (out["sigma_final"], cfg.noise_multiplier)
+    assert abs(lr_sigma / out["sigma_final"] / cfg.learning_rate - 1) < 5e-3  # dptune.train: lr = lr·σ / σ
+    return {"k": draw.k, "trials": trials, "eps_search": plan.search_epsilon, "released": params,
+            "sigma_c": [list(r) for r in tp.sigmas], **out}
+
+
+def run_task(eps: float, seed: int, task: str) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.time()
+    data, merged = _data(seed)
+    if task.startswith("grid"):
+        b, lr = GRID[int(task[4:])]
+        base = baseline_space()
+        cfg = base.default.replace(batch_size=b, learning_rate=lr)
+        if os.environ.get(QUICK_ENV):
+            cfg = cfg.replace(epochs=float(os.environ[QUICK_ENV]))
+        out = _final(cfg, [], eps, merged, seed)
+    else:
+        out = run_search(task, eps, seed, data, merged)
+    return {"epsilon": eps, "seed": seed, "task": task, "seconds": time.time() - t0, **out}
+
+
+def values(cell: dict[str, dict[str, Any]], modes: list[str]) -> dict[str, float] | None:
+    if any(f"grid{i}" not in cell for i in range(len(GRID))) or any(m not in cell for m in modes):
+        return None
+    grid = [cell[f"grid{i}"]["test"] for i in range(len(GRID))]
+    return {"a": grid[0], "o": max(grid), **{m: cell[m]["test"] for m in modes}}
+
+
+def report(cells: dict[tuple[float, int], dict[str, dict[str, Any]]], args: argparse.Namespace, elapsed: float,
+           modes: list[str]) -> str:
+    lines = ["# Does the search over the whole space pay on MNIST? (bench/tuning_value_transfer.py, issue 21)", "",
+             f"Wall time so far {elapsed / 60:.1f} min ({args.jobs} workers, 1 torch thread each). Rows complete: "
+             f"{sum(values(c, modes) is not None for c in cells.values())}/{len(args.rows)}.", "",
+             f"Command: `{args.command}`", "", (__doc__ or "").split("\n\n", 1)[1].strip(), "",
+             "## Test accuracy, paired difference to (a), share of the oracle gap closed", "",
+             "| ε | mode | rows | test acc. % | − (a) [95 % CI] | paired t p | beats (a) | share of gap [95 % CI] | "
+             "search ε |", "|---|---|---|---|---|---|---|---|---|"]
+    for eps in args.epsilons:
+        done = [(s, values(c, modes)) for (e, s), c in sorted(cells.items()) if e == eps]
+        rows = [v for _, v in done if v is not None]
+        if not rows:
+            continue
+        col = {m: np.array([r[m] for r in rows]) for m in ["a", "o", *modes]}
+        for m in ["a", "o", *modes]:
+            v = col[m]
+            sd = f" ± {100 * v.std(ddof=1):.1f}" if len(v) > 1 else ""
+            se = "–" if m in ("a", "o") else f"{cells[(eps, done[0][0])][m]['eps_search']:.3f}"
+            if m == "a":
+                lines.append(f"| {eps:g} | {NAMES[m]} | {len(v)} | {100 * v.mean():.1f}{sd} | – | – | – | 0 | – |")
+                continue
+            if len(v) > 1:
+                mean, lo, hi, p = paired_stats(v - col["a"])
+                sig = "yes" if (lo > 0 and p < 0.05) else ("worse" if (hi < 0 and p < 0.05) else "no")
+                sh, slo, shi = gap_share(v, col["a"], col["o"]) if m != "o" else (1.0, 1.0, 1.0)
+                stats = (f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {p:.3g} | {sig} | "
+                         f"{sh:.2f} [{slo:.2f}, {shi:.2f}]")
+            else:
+                stats = f"{100 * float(v[0] - col['a'][0]):+.1f} | – | – | –"
+            lines.append(f"| {eps:g} | {NAMES[m]} | {len(v)} | {100 * v.mean():.1f}{sd} | {stats} | {se} |")
+        if "m" in modes and len(rows) > 1:
+            for m in ("R", "T", "S"):
+                if m in modes:
+                    mean, lo, hi, p = paired_stats(col[m] - col["m"])
+                    lines.append(f"| {eps:g} | {m} − (m) | {len(rows)} | – | {100 * mean:+.1f} [{100 * lo:+.1f}, "
+                                 f"{100 * hi:+.1f}] | {p:.3g} | {'worse' if hi < 0 and p < 0.05 else 'not worse'} | – | – |")
+    lines += ["", "## Per row (grid test % in GRID order; each search: K, released config → test %)", "",
+              "| ε | seed | grid | " + " | ".join(modes) + " |", "|---|---|---|" + "---|" * len(modes)]
+    for (eps, seed), c in sorted(cells.items()):
+        grid = " ".join(f"{100 * c[f'grid{i}']['test']:.1f}" if f"grid{i}" in c else "…" for i in range(len(GRID)))
+        cols = []
+        for m in modes:
+            if m not in c:
+                cols.append("…")
+                continue
+            r = c[m]
+            rel = ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["released"].items()))
+            cols.append(f"K {r['k']}: {rel} → {100 * r['test']:.1f}")
+        lines.append(f"| {eps:g} | {seed} | {grid} | " + " | ".join(cols) + " |")
+    lines += ["", f"GRID (B, lr): {GRID}. Beats (a) = 95 % bootstrap CI of the paired mean difference excludes 0 and "
+              "paired t-test p < 0.05. Share of gap = (mean tuned − mean a) / (mean o − mean a).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", default="21,22,23,24,25", help="split seeds (fresh: 21 and up)")
+    p.add_argument("--epsilons", default="2,4,1", help="total ε, in the order they run")
+    p.add_argument("--modes", default="R,T,S,m")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="smoke check: 1 seed, ε = 4, 1 epoch (not a result)")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_transfer.md"))
+    args = p.parse_args(argv)
+    args.command = " ".join(["python", "bench/tuning_value_transfer.py", *argv])
+    if args.quick:
+        args.seeds, args.epsilons = "21", "4"
+        args.out = str(Path(args.out).with_suffix(".quick.md"))
+        os.environ[QUICK_ENV] = "1"
+    if not MNIST.is_dir():
+        print(f"{MNIST} is not here: this bench needs the real MNIST test split")
+        return 2
+    args.epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    modes = [m for m in args.modes.split(",") if m]
+    args.rows = [(eps, s) for eps in args.epsilons for s in seeds]
+    tasks = [*modes, *(f"grid{i}" for i in range(len(GRID)))]
+    t0 = time.time()
+    out = Path(args.out)
+    cells: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
+        futs: dict[Future[dict[str, Any]], tuple[float, int]] = {
+            ex.submit(run_task, eps, s, t): (eps, s) for eps, s in args.rows for t in tasks}
+        pending = set(futs)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fu in finished:
+                r = fu.result()
+                cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
+                print(f"[{len(futs) - len(pending)}/{len(futs)}] ε {r['epsilon']:g} seed {r['seed']} {r['task']}: "
+                      f"test {100 * r['test']:.1f} ({r['seconds']:.0f} s, {(time.time() - t0) / 60:.1f} min)", flush=True)
+                out.write_text(report(cells, args, time.time() - t0, modes))
+                out.with_suffix(".json").write_text(json.dumps([x for c in cells.values() for x in c.values()],
+                                                               indent=0, default=str))
+    print(report(cells, args, time.time() - t0, modes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,240 @@
+"""Searches that plan their final run: the noise-scaled transfer (Panda et al., ICML 2024, "A New Linear Scaling
+Rule for Private Adaptive Hyperparameter Optimization", at one cheap noise level), for every searcher.
+
+When a space sets ``privacy.target_epsilon`` and ``privacy.search_share``, the final run's noise multiplier
+σ_f(B, E) for each reachable batch size B and epochs E is known before anything runs: what the target leaves
+after the search's charge (composed, at the smallest valid bound, exactly as ``dptune.train`` calibrates it).
+The rule's premise is that the best learning rate scales inversely with the update noise, lr·σ constant. So a
+trial that stands for the final-run config (B, E, groups, L) runs it at the cheap σ_c (the smallest σ whose
+whole search costs the share, :func:`~dptune.accounting._planner.transfer_trial_sigma`) with lr = L·σ_f(B, E)/σ_c:
+the update noise lr·σ that config's final run will have. The release carries L·σ_f, and final training sets
+lr = L·σ_f/σ for the σ it calibrates. Random search (random stopping), TPE (composed) and the scaled searcher
+(every combination of its categorical candidates once, composed, a noisy max) all run their trials this way.
+
+:func:`advise_transfer` prices such a search against "train the baseline config once with the whole budget",
+per searcher, with priors measured on a public proxy task (the space's ``planner`` section), and says whether
+it is expected to pay (``dptune.search`` refuses one that is not, unless ``--tune-anyway``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna.distributions as od
+
+from dptune._params import sampling_rate, trial_steps
+from dptune.accounting._advice import expected_max
+from dptune.accounting._calibrate import calibrate_noise_multiplier
+from dptune.accounting._planner import Plan, plan_search
+from dptune.config import ConfigError, SearchSpace, TrialConfig, support_values
+from dptune.errors import check_positive
+
+__all__ = ["TransferAdvice", "TransferPlan", "advise_transfer", "grid_candidates", "plan_transfer"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferPlan:
+    """The noise-scaled transfer of a search that plans its final run (``privacy.search_share`` set): every trial
+    runs the final run's config (batch size B, epochs E, groups, learning rate L) at a cheap σ_c(B, E) (each
+    (B, E) its own, all costing about the same: ``_planner.transfer_weights``), with lr = L·σ_f(B, E)/σ_c(B, E):
+    the update noise lr·σ that config's final run will have. σ_f(B, E) is what ``privacy.target_epsilon`` leaves
+    for that final run after the search's charge, known before anything runs. The release carries L·σ_f
+    (``lr_times_sigma``): final training sets lr = L·σ_f/σ for the σ it calibrates."""
+
+    sigmas: tuple[tuple[int, float, float, float], ...]  # (B, E, σ_c, σ_f) for every reachable (B, E)
+    final_n: int  # the final run's training examples (train ∪ validation)
+    candidates: tuple[dict[str, Any], ...] = ()  # the scaled searcher's fixed trials (final-run params), in order
+
+    def _row(self, batch_size: int, epochs: float) -> tuple[int, float, float, float]:
+        for row in self.sigmas:
+            if row[0] == int(batch_size) and row[1] == float(epochs):
+                return row
+        raise ValueError(f"batch size {batch_size}, epochs {epochs:g}: not a reachable point of the planned search")
+
+    @property
+    def final_sigmas(self) -> tuple[tuple[int, float, float], ...]:
+        return tuple((b, e, sf) for b, e, _, sf in self.sigmas)
+
+    @property
+    def trial_sigma(self) -> float:
+        """The largest σ_c (the costliest point's)."""
+        return max(sc for _, _, sc, _ in self.sigmas)
+
+    def final_sigma(self, batch_size: int, epochs: float) -> float:
+        return self._row(batch_size, epochs)[3]
+
+    def trial_sigma_of(self, batch_size: int, epochs: float) -> float:
+        return self._row(batch_size, epochs)[2]
+
+    def lr_times_sigma(self, config: TrialConfig) -> float:
+        """L·σ_f(B, E) of a final-run config: the update noise the release's rule keeps."""
+        return config.learning_rate * self.final_sigma(config.batch_size, config.epochs)
+
+    def trial_config(self, config: TrialConfig) -> TrialConfig:
+        """The trial that stands for final-run ``config``: σ_c(B, E), and lr = L·σ_f(B, E)/σ_c(B, E)."""
+        sigma_c = self.trial_sigma_of(config.batch_size, config.epochs)
+        return config.replace(noise_multiplier=sigma_c, learning_rate=self.lr_times_sigma(config) / sigma_c)
+
+    def final_config(self, config: TrialConfig) -> TrialConfig:
+        """The final run the budget leaves for ``config``: σ_f(B, E) (lr unchanged: L is the final run's)."""
+        return config.replace(noise_multiplier=self.final_sigma(config.batch_size, config.epochs))
+
+    def describe(self) -> dict[str, Any]:
+        return {"trial_noise_multiplier": self.trial_sigma, "planned_final_n": self.final_n,
+                "points": [{"batch_size": b, "epochs": e, "trial_noise_multiplier": sc, "final_noise_multiplier": sf}
+                           for b, e, sc, sf in self.sigmas]}
+
+
+def grid_candidates(space: SearchSpace) -> tuple[dict[str, Any], ...]:
+    """The scaled searcher's trials: every combination of its categorical choices (keys in sorted order, each
+    key's choices in the file's order), each run once."""
+    keys = sorted(space.space)
+    choices = []
+    for k in keys:
+        d = space.space[k]
+        assert isinstance(d, od.CategoricalDistribution)  # config.check_transfer
+        choices.append(list(d.choices))
+    return tuple(dict(zip(keys, combo, strict=True)) for combo in itertools.product(*choices))
+
+
+def plan_transfer(space: SearchSpace, plan: Plan, *, final_n: int) -> TransferPlan:
+    """The transfer of a search ``plan`` (its charge, at σ_c) to final runs on ``final_n`` examples (the training
+    split, plus validation when training on it)."""
+    p = space.privacy
+    assert space.transfers and p.target_epsilon is not None  # config.check_transfer
+    by_qt = {(pt.sampling_rate, pt.steps): pt.noise_multiplier for pt in plan.points}
+    rows = []
+    for b in sorted({int(v) for v in _reachable(space, "batch_size")}):
+        for e in sorted({float(v) for v in _reachable(space, "epochs")}):
+            sigma_c = by_qt[sampling_rate(batch_size=b, basis=plan.n_train),
+                            trial_steps(epochs=e, batch_size=b, basis=plan.n_train)]
+            sigma_f = calibrate_noise_multiplier(
+                [plan.search_event], sampling_rate=sampling_rate(batch_size=b, basis=final_n),
+                steps=trial_steps(epochs=e, batch_size=b, basis=final_n), delta=plan.delta,
+                target_epsilon=p.target_epsilon)
+            rows.append((b, e, sigma_c, sigma_f))
+    candidates = grid_candidates(space) if space.searcher == "scaled" else ()
+    return TransferPlan(sigmas=tuple(rows), final_n=final_n, candidates=candidates)
+
+
+def _reachable(space: SearchSpace, key: str) -> list[Any]:
+    dist = space.space.get(key)
+    return [getattr(space.fixed, key)] if dist is None else list(support_values(dist))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferAdvice:
+    """A search that plans its final run, priced at one budget. Proxy (accuracy units, higher is better), with
+    priors measured on a public proxy task (``accuracy_spread`` s: the std of accuracy across the space's
+    configs; ``loss_per_noise_doubling`` ℓ: accuracy lost when the final model's noise-to-signal doubles):
+
+    * ``noise_ratio`` = ν_f / ν_a: the final run's noise-to-signal σ/(B·√T) (geometric mean over the
+      reachable (B, E)) over that of the baseline config trained once with the whole budget: the budget the
+      search takes, net of the batch and epochs it can reach;
+    * ``transfer`` r = σ_c / σ_f (geometric mean over the reachable (B, E)): at the same update noise lr·σ a cheap trial's gradient signal is 1/r of the
+      final run's, so its ranking transfers imperfectly: discount 1/(1 + log₂ r);
+    * ``expected_gain`` = ρ·s·E[e(K)]/(1 + log₂ r): picking the best of K trials (the scaled searcher's
+      candidates, the composed count, or E over random stopping's K, e(0) = 0: the default is released) on
+      scores with error err² = (σ_s/n_val)² + 1/(4 n_val) (σ_s: the score noise's std, or a noisy max's
+      Gumbel std π·β/√6), ρ = s/√(s² + err²), e(K) = E[max of K standard normals];
+    * ``proxy`` = expected_gain − ℓ·log₂(noise_ratio). Expected to pay when the proxy is at least ``min_gain``.
+    """
+
+    searcher: str
+    target_epsilon: float
+    delta: float
+    plan: TransferPlan
+    search_epsilon: float
+    baseline_sigma: float
+    noise_ratio: float
+    transfer: float
+    expected_trials: float
+    expected_gain: float
+    proxy: float
+    min_gain: float
+    priors: dict[str, float]
+
+    @property
+    def pays(self) -> bool:
+        return self.proxy >= self.min_gain
+
+    @property
+    def verdict(self) -> str:
+        p = self.plan
+        head = (f"{self.searcher} searcher at total epsilon {self.target_epsilon:g}: trials at noise multiplier "
+                f"{p.trial_sigma:.3g} (r = {self.transfer:.2f} x the final run's), final noise-to-signal "
+                f"x{self.noise_ratio:.2f} of the baseline trained once (noise multiplier {self.baseline_sigma:.3g}); "
+                f"proxy {self.proxy:+.4f}")
+        if self.pays:
+            return f"{head} >= {self.min_gain:g}: expected to pay"
+        return (f"{head} < {self.min_gain:g}: not expected to pay — train the baseline config once with the "
+                "whole budget, or raise epsilon")
+
+
+def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float | None = None,
+                    n_val: int | None = None, accuracy_spread: float | None = None,
+                    loss_per_noise_doubling: float | None = None, min_gain: float | None = None,
+                    baseline: TrialConfig | None = None, planned: tuple[Plan, TransferPlan] | None = None
+                    ) -> TransferAdvice:
+    """Price the search of ``space`` (one that plans its final run) at ``target_epsilon`` (default: the space's
+    ``privacy.target_epsilon``), its final run on train ∪ validation (as ``dptune.search`` prints it), against
+    ``baseline`` (default: the space's own default; e.g. a literature default) trained once on the same
+    examples with the whole budget. Priors default to the space's ``planner`` section (its proxy task).
+    ``planned``: the search's plan and transfer when the caller has them (for this space and target)."""
+    if not space.transfers:
+        raise ConfigError("privacy.search_share", "this advice prices a search that plans its final run",
+                          "set privacy.target_epsilon and privacy.search_share, or use advise()")
+    pr = space.planner
+    s = pr.accuracy_spread if accuracy_spread is None else accuracy_spread
+    ell = pr.loss_per_noise_doubling if loss_per_noise_doubling is None else loss_per_noise_doubling
+    min_gain = pr.min_gain if min_gain is None else min_gain
+    for name, value in (("accuracy_spread", s), ("loss_per_noise_doubling", ell)):
+        check_positive(name, value, "give a prior from a public proxy task, e.g. 0.02")
+    if target_epsilon is not None:
+        check_positive("target_epsilon", target_epsilon, "choose e.g. 2.0")
+        space = space.with_privacy(target_epsilon=target_epsilon)
+    p = space.privacy
+    assert p.target_epsilon is not None and p.score_noise is not None  # config.check_transfer
+    n_val = space.dataset.validation_size if n_val is None else n_val
+    final_n = n_train + n_val
+    if planned is not None and target_epsilon is None:
+        plan, tp = planned
+    else:
+        plan = plan_search(space, n_train, compare=False)
+        tp = plan_transfer(space, plan, final_n=final_n)
+    d = baseline or space.default
+    t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
+    sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
+                                         steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)
+    nu_a = sigma_a / (d.batch_size * math.sqrt(t_a))
+    log_nu = [math.log(sf / (b * math.sqrt(trial_steps(epochs=e, batch_size=b, basis=final_n))))
+              for b, e, sf in tp.final_sigmas]
+    ratio = math.exp(sum(log_nu) / len(log_nu)) / nu_a
+    transfer = math.exp(sum(math.log(sc / sf) for _, _, sc, sf in tp.sigmas) / len(tp.sigmas))
+    # the selection's noise per trial: a Gaussian score's std, or a Gumbel's (π/√6 × its scale)
+    per_count = p.score_noise * (math.pi / math.sqrt(6) if p.selection == "noisy_max" else 1.0)
+    err = math.hypot(per_count / n_val, math.sqrt(0.25 / n_val))
+    rho = s / math.hypot(s, err)
+    e_k, mean_k = _expected_best(space, plan, tp)
+    gain = rho * s * e_k / (1 + math.log2(max(1.0, transfer)))
+    return TransferAdvice(
+        searcher=space.searcher, target_epsilon=p.target_epsilon, delta=plan.delta, plan=tp,
+        search_epsilon=plan.search_epsilon, baseline_sigma=sigma_a, noise_ratio=ratio, transfer=transfer,
+        expected_trials=mean_k, expected_gain=gain, proxy=gain - ell * math.log2(ratio), min_gain=min_gain,
+        priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy})
+
+
+def _expected_best(space: SearchSpace, plan: Plan, tp: TransferPlan) -> tuple[float, float]:
+    """(E[e(K)], E[K]) over the number of trials K the search runs (e(0) = 0: the default is released)."""
+    if tp.candidates:
+        return expected_max(len(tp.candidates)), float(len(tp.candidates))
+    # the rule's own K distribution, sampled with a fixed public generator (nothing here is secret or private)
+    rng = np.random.default_rng(0)
+    ks = np.array([plan.stopping.draw_k(rng) for _ in range(4000)])
+    values, counts = np.unique(ks, return_counts=True)
+    e_k = sum(c * (expected_max(int(k)) if k else 0.0) for k, c in zip(values, counts, strict=True)) / len(ks)
+    return float(e_k), float(ks.mean())
