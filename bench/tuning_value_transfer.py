@@ -106,7 +106,7 @@ def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict
     if space.searcher == "tpe":
         import optuna
 
-        from dptune._search.searchers import seed_words, tpe_startup_trials
+        from dptune.searchers import seed_words, tpe_startup_trials
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         sampler = optuna.samplers.TPESampler(seed=seed_words(draw.stream_seed("sampler")),  # type: ignore[arg-type]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import optuna.distributions as od
 
 from dptune.errors import ConfigError
 
-__all__ = ["in_support", "parse_distribution", "support_extremes", "support_values"]
+__all__ = ["in_support", "parse_distribution", "sample_params", "support_extremes", "support_values"]
 
 _DIST_KEYS = {"float": ("type", "low", "high", "log", "step"), "int": ("type", "low", "high", "log", "step"),
               "categorical": ("type", "choices")}
@@ -76,3 +78,27 @@ def support_values(dist: od.BaseDistribution, limit: int = 4096) -> list[Any]:
         return [dist.low + i * dist.step for i in range(count)]
     raise ConfigError("space", f"{dist!r} is continuous", "only finite distributions can be enumerated")
 
+
+def sample_params(space: dict[str, od.BaseDistribution], rng: np.random.Generator) -> dict[str, Any]:
+    """One i.i.d. draw from the space's distributions (data-independent random search)."""
+    out: dict[str, Any] = {}
+    for name in sorted(space):
+        d = space[name]
+        if isinstance(d, od.CategoricalDistribution):
+            out[name] = d.choices[int(rng.integers(len(d.choices)))]
+        elif isinstance(d, od.IntDistribution):
+            if d.log:  # floor(exp(U[log low, log(high + 1)))): every value of low..high, log-uniformly
+                v = math.floor(math.exp(rng.uniform(math.log(d.low), math.log(d.high + 1))))
+                out[name] = int(min(max(v, d.low), d.high))
+            else:
+                out[name] = int(d.low + d.step * rng.integers((d.high - d.low) // d.step + 1))
+        elif isinstance(d, od.FloatDistribution):
+            if d.step is not None:
+                out[name] = float(d.low + d.step * rng.integers(int(round((d.high - d.low) / d.step)) + 1))
+            elif d.log:
+                out[name] = float(math.exp(rng.uniform(math.log(d.low), math.log(d.high))))
+            else:
+                out[name] = float(rng.uniform(d.low, d.high))
+        else:  # pragma: no cover - config validation admits only these
+            raise TypeError(f"unsupported distribution {d!r}")
+    return out

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna.distributions as od
 
+from dptune import searchers as _searchers
 from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
 
 if TYPE_CHECKING:  # config imports this module: types only
@@ -21,7 +22,7 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
 
 SELECTIONS = ("best_score", "noisy_max")
 ACCOUNTING_MODES = ("random_stopping", "composed")
-SEARCHERS = ("random", "tpe", "scaled")
+SEARCHERS = tuple(_searchers.SEARCHERS)  # the registry's names (dptune.searchers)
 SCHEDULERS = ("fifo", "asha")  # asha: planned, refused until it is charged per rung (check_space)
 # Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
 # the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
@@ -126,19 +127,20 @@ def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
 
 
 def check_adaptive(s: SearchSpace) -> None:
-    """Rule 7: adaptive search is not covered by random stopping; the scaled searcher is charged by composition."""
-    adaptive = [x for x in (s.searcher, s.scheduler) if x in ("tpe", "asha")]
-    if adaptive and s.accounting != "composed":
-        raise ConfigError(
-            "search.accounting",
-            f"{'/'.join(a.upper() for a in adaptive)} is adaptive: trials depend on earlier private scores, "
-            "which the Papernot-Steinke random-stopping theorem does not cover",
-            "use search.accounting: composed (every trial charged by composition, fixed trial count) "
-            "or the random searcher with the fifo scheduler",
-        )
-    if s.searcher == "scaled" and s.accounting != "composed":
-        raise ConfigError("search.accounting", "the scaled searcher's choice depends on its trials' private scores "
-                          "and runs a fixed number of trials", "set search.accounting: composed")
+    """Rule 7: a searcher runs only under an accounting mode valid for it (``Searcher.accounting``): an adaptive
+    one is not covered by random stopping; a searcher whose choice depends on a fixed set of trials' private
+    scores (the scaled searcher) is charged by composition. The ASHA scheduler is adaptive too."""
+    sr = _searchers.searcher(s.searcher)
+    if s.accounting not in sr.accounting:
+        why = ("is adaptive: trials depend on earlier private scores, which the Papernot-Steinke random-stopping "
+               "theorem does not cover" if sr.adaptive else "chooses among a fixed number of trials by their "
+               "private scores")
+        raise ConfigError("search.accounting", f"the {sr.name} searcher {why}",
+                          f"use search.accounting: {' or '.join(sr.accounting)} (composed: every trial charged, "
+                          "a fixed trial count)" + (", or the random searcher" if sr.adaptive else ""))
+    if s.scheduler == "asha" and s.accounting != "composed":
+        raise ConfigError("search.accounting", "ASHA is adaptive: trials depend on earlier private scores, which the "
+                          "Papernot-Steinke random-stopping theorem does not cover", "use search.accounting: composed")
     if s.accounting == "composed" and s.privacy.stopping != "composed":
         raise ConfigError("privacy.stopping", f"{s.privacy.stopping!r} with composed accounting",
                           "set privacy.stopping: composed and privacy.mean to the number of trials")
@@ -147,6 +149,7 @@ def check_adaptive(s: SearchSpace) -> None:
                           "set search.accounting: composed")
     check_transfer(s)
     check_selection(s)
+    sr.check(s)
 
 
 def check_selection(s: SearchSpace) -> None:
@@ -154,10 +157,11 @@ def check_selection(s: SearchSpace) -> None:
     searcher. Random stopping's theorem and adaptive searchers need every trial's own released score. And
     the trials' own score noise is the one the privacy settings imply (:func:`check_trial_score_noise`)."""
     check_trial_score_noise(s)
-    if s.privacy.selection == "noisy_max" and s.searcher != "scaled":
-        raise ConfigError("privacy.selection", f"noisy_max needs the scaled searcher's fixed candidates, not the "
-                          f"{s.searcher} searcher (whose trials each release a score)",
-                          "set search.searcher: scaled, or privacy.selection: best_score")
+    if s.privacy.selection == "noisy_max" and not _searchers.searcher(s.searcher).fixed_candidates:
+        fixed = ", ".join(n for n, x in _searchers.SEARCHERS.items() if x.fixed_candidates)
+        raise ConfigError("privacy.selection", f"noisy_max needs fixed candidates, not the {s.searcher} searcher "
+                          "(whose trials each release a score)",
+                          f"set search.searcher to one with fixed candidates ({fixed}), or privacy.selection: best_score")
 
 
 def check_trial_score_noise(s: SearchSpace) -> None:
@@ -176,13 +180,12 @@ def check_transfer(s: SearchSpace) -> None:
     """A search that plans its final run (``privacy.search_share`` with ``privacy.target_epsilon``; the scaled
     searcher always does) runs every trial at one cheap σ_c with the noise-scaled transfer lr = L·σ_f(B, E)/σ_c
     (``accounting.TransferPlan``): the noise multiplier is set by the budget, not searched, and the final
-    run's σ_f must be known for every reachable batch size and epochs. The scaled searcher tries every
-    combination of its categorical choices once."""
+    run's σ_f must be known for every reachable batch size and epochs."""
     p = s.privacy
     if p.search_share is None:
-        if s.searcher == "scaled":
-            raise ConfigError("privacy.search_share", "the scaled searcher sizes its trials and the final run from it",
-                              "give the share of privacy.target_epsilon for the cheap trials, e.g. 0.3")
+        if _searchers.searcher(s.searcher).needs_final_plan:
+            raise ConfigError("privacy.search_share", f"the {s.searcher} searcher sizes its trials and the final run "
+                              "from it", "give the share of privacy.target_epsilon for the cheap trials, e.g. 0.3")
         return
     if p.target_epsilon is None:
         raise ConfigError("privacy.target_epsilon", "privacy.search_share is a share of it: the search sizes its "
@@ -199,18 +202,3 @@ def check_transfer(s: SearchSpace) -> None:
     if s.tune_fraction < 1:
         raise ConfigError("search.tune_fraction", "a search that plans its final run runs on the full training "
                           "split", "remove search.tune_fraction")
-    if s.searcher != "scaled":
-        return
-    if not s.space:
-        raise ConfigError("space", "the scaled searcher needs candidates",
-                          "write e.g. space.learning_rate: {type: categorical, choices: [0.2, 0.4, 0.8, 1.6, 3.2]}")
-    size = 1
-    for key, dist in sorted(s.space.items()):
-        if not isinstance(dist, od.CategoricalDistribution):
-            raise ConfigError(f"space.{key}", "the scaled searcher tries every combination of its candidates once",
-                              f"write space.{key} as categorical choices")
-        size *= len(dist.choices)
-    if s.privacy.mean != size:
-        raise ConfigError("privacy.mean", f"{s.privacy.mean:g} trials, but the scaled searcher runs each of its "
-                          f"{size} candidates (every combination of the space's choices) once",
-                          f"set privacy.mean: {size}")

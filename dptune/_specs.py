@@ -1,4 +1,5 @@
-"""Which model and which data: the space-file syntax of ``model:`` and ``dataset:``, checked without torch.
+"""Which model and which data: the space-file syntax of ``model:`` and ``dataset:``, checked without torch; and
+the ``planner:`` section (the verdict's priors, measured on a public proxy task).
 
 A trial config names its model with one string (``TrialConfig.model``) plus ``model_kwargs``:
 
@@ -18,11 +19,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from dptune.errors import ConfigError
+from dptune.errors import ConfigError, check_positive
 
-__all__ = ["BUILTIN_MODELS", "DATASETS", "DATASET_SPLITS", "VISION_SIZES", "check_dataset_fields",
+__all__ = ["BUILTIN_MODELS", "DATASETS", "DATASET_SPLITS", "VISION_SIZES", "PlannerSpec", "check_dataset_fields",
            "check_augmentation", "check_model", "check_model_kwargs", "model_from_section", "nominal_train_size"]
 
 BUILTIN_MODELS = ("gn_cnn", "tanh_cnn", "resnet9", "wrn16_4", "mlp")
@@ -219,3 +221,23 @@ def check_augmentation(dataset: str, augmult: int, searched: bool) -> None:
     if dataset == "table" and (augmult or searched):
         raise ConfigError("space.augmult" if searched else "fixed.augmult", "augmentation (crops, flips) applies "
                           "to images, not to table rows", "remove augmult (or set 0) for a table")
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """The planner's priors for the verdict "is this search expected to pay" (``accounting.advise_transfer``),
+    measured on a public proxy task, never on the private data: ``proxy`` names the task and the command that
+    measured them. Without a ``planner:`` section the generic priors below apply (and the verdict says so)."""
+
+    proxy: str = "none: generic priors"
+    accuracy_spread: float = 0.10  # std of accuracy across the space's configs
+    loss_per_noise_doubling: float = 0.15  # accuracy lost when the final model's noise-to-signal doubles
+    min_gain: float = 0.005  # the proxy gain a search must promise to be run (half a point)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.proxy, str) or not self.proxy.strip():
+            raise ConfigError("planner.proxy", f"{self.proxy!r} is not a name", "name the public proxy task")
+        for key in ("accuracy_spread", "loss_per_noise_doubling"):
+            check_positive(f"planner.{key}", getattr(self, key), "give a prior measured on a public proxy task")
+        if not (math.isfinite(self.min_gain) and self.min_gain >= 0):
+            raise ConfigError("planner.min_gain", f"{self.min_gain!r} must be >= 0", "choose e.g. 0.005")

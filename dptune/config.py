@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from dptune._space_checks import (
     check_space,
     check_trial_score_noise,
 )
+from dptune._specs import PlannerSpec
 from dptune.errors import ConfigError, check_positive, check_unit_interval
 
 __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "ConfigError",
@@ -235,26 +235,6 @@ class PrivacySpec:
     def trial_score_noise(self) -> float | None:
         """The noise of each trial's own score release: None when none is released per trial."""
         return None if self.selection == "noisy_max" else self.score_noise
-
-
-@dataclass(frozen=True)
-class PlannerSpec:
-    """The planner's priors for the verdict "is this search expected to pay" (``accounting.advise_transfer``),
-    measured on a public proxy task, never on the private data: ``proxy`` names the task and the command that
-    measured them. Without a ``planner:`` section the generic priors below apply (and the verdict says so)."""
-
-    proxy: str = "none: generic priors"
-    accuracy_spread: float = 0.10  # std of accuracy across the space's configs
-    loss_per_noise_doubling: float = 0.15  # accuracy lost when the final model's noise-to-signal doubles
-    min_gain: float = 0.005  # the proxy gain a search must promise to be run (half a point)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.proxy, str) or not self.proxy.strip():
-            raise ConfigError("planner.proxy", f"{self.proxy!r} is not a name", "name the public proxy task")
-        for key in ("accuracy_spread", "loss_per_noise_doubling"):
-            check_positive(f"planner.{key}", getattr(self, key), "give a prior measured on a public proxy task")
-        if not (math.isfinite(self.min_gain) and self.min_gain >= 0):
-            raise ConfigError("planner.min_gain", f"{self.min_gain!r} must be >= 0", "choose e.g. 0.005")
 
 
 @dataclass(frozen=True)

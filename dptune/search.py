@@ -17,7 +17,7 @@ from typing import Any
 
 from dptune._cli import callable_module, run_cli
 from dptune._search.driver import SearchRequest
-from dptune.config import SEARCHERS, SearchSpace, check_space, load_space
+from dptune.config import ACCOUNTING_MODES, SEARCHERS, SearchSpace, check_space, load_space
 from dptune.errors import ConfigError, check_unit_interval
 
 __all__ = ["main"]
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
                    "$XDG_DATA_HOME/dptune/ledger.sqlite or ~/.local/share/dptune/ledger.sqlite)")
     p.add_argument("--budget-epsilon", type=float, help="set the dataset's budget if it has none yet")
     p.add_argument("--budget-delta", type=float, help="δ of that budget (default: the space's δ)")
-    p.add_argument("--accounting", choices=["random_stopping", "composed"], help="override search.accounting")
+    p.add_argument("--accounting", choices=list(ACCOUNTING_MODES), help="override search.accounting")
     p.add_argument("--searcher", choices=list(SEARCHERS), help="override search.searcher")
     p.add_argument("--tune-anyway", action="store_true", help="run a search the planner does not expect to pay "
                    "(by default it is refused, exit 2, nothing charged)")

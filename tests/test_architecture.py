@@ -24,6 +24,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "errors.py": ("dptune.", *_LIBS),
     "_params.py": ("dptune.config", "dptune.accounting", *_RECORDS, *_TRAINER, *_LIBS),
     "config.py": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune._search", *_LIBS),
+    "searchers/": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune._search", *_LIBS),  # config layer: no Ray
     "accounting/": (*_ABOVE_ACCOUNTING, *_LIBS),
     "ledger/": (*_TRAINER, "dptune._search", "dptune.release", *_LIBS),
     "certificate.py": (*_TRAINER, "dptune._search", "dptune.release", "dptune.trials", *_LIBS),
@@ -114,6 +115,7 @@ def test_layer_rules(path: Path) -> None:
     ("accounting/_x.py", "from dptune.report import main\n", "imports dptune.report"),
     ("accounting/_x.py", "from dptune import _plots\n", "imports dptune._plots"),
     ("config.py", "from dptune.accounting import plan_search\n", "imports dptune.accounting"),
+    ("searchers/_x.py", "def f():\n    from ray.tune.search.optuna import OptunaSearch\n", "imports ray"),
     ("release.py", "from dptune._search import runner\n", "imports dptune._search"),
     ("trials.py", "import ray\n", "only"),
     ("models/_x.py", "import opacus\n", "imports opacus"),

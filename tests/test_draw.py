@@ -12,7 +12,8 @@ import optuna.distributions as od
 import pytest
 
 from dptune import accounting as A
-from dptune._search.draw import TEST_HOOK, make_draw, sample_params
+from dptune._distributions import sample_params
+from dptune._search.draw import TEST_HOOK, make_draw
 from dptune.config import load_space
 
 SPACE = "search_spaces/digits.yaml"
@@ -75,18 +76,18 @@ def _tpe_space() -> object:
 
 
 def _sampler_state(seed: int) -> tuple:
-    from dptune._search.searchers import searcher
+    from dptune._search.searchers import search_alg
 
     space = _tpe_space()
     draw = make_draw(space, A.stopping_rule("composed", mean=2), seed=seed)  # type: ignore[arg-type]
-    alg = searcher("tpe").search_alg(space, draw)  # type: ignore[arg-type]
+    alg = search_alg(space, draw)  # type: ignore[arg-type]
     return draw, alg._sampler._rng.rng.get_state()
 
 
 def test_tpe_sampler_is_seeded_by_its_own_full_128_bit_stream() -> None:
     """Issue 22 item 25: the TPE sampler's RandomState comes from the draw's own "sampler" stream, all 128 bits
     of it — not from the low 32 bits of the "searcher" stream that keys the adaptive trials' seeds."""
-    from dptune._search.searchers import seed_words
+    from dptune.searchers import seed_words
 
     draw, state = _sampler_state(7)
     expected = np.random.RandomState(seed_words(draw.stream_seed("sampler"))).get_state()

@@ -136,7 +136,8 @@ def test_use_best_checkpoint_exports_a_scaled_searcher_release(tmp_path: Path) -
     assert r.returncode == 0 and "no new charge" in r.stdout, r.stdout + r.stderr
     cert = load_certificate(release / "certificate.json")
     released = yaml.safe_load((release / "best_config.yaml").read_text())
-    trial_sigma = cert.details["scaled"]["trial_noise_multiplier"]
+    (point,) = cert.details["transfer"]["points"]  # the one (B, E) of this space: its trials' σ_c
+    trial_sigma = point["trial_noise_multiplier"]
     model = torch.load(tmp_path / "o" / "model.pt", weights_only=True)
     assert model["config"]["noise_multiplier"] == trial_sigma != released["config"]["noise_multiplier"]
     assert model["config"]["learning_rate"] == pytest.approx(released["scaling_rule"]["lr_times_sigma"] / trial_sigma)

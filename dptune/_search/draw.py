@@ -11,7 +11,6 @@ not a user option) fixes the draw seed, and is labelled NOT PRIVATE the same way
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 from dataclasses import asdict, dataclass
@@ -19,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import optuna.distributions as od
 
+from dptune._distributions import sample_params
 from dptune.accounting import StoppingRule
 from dptune.config import SearchSpace
 from dptune.rundir import write_private
+from dptune.searchers import searcher
 
 __all__ = ["Draw", "make_draw", "sample_params"]
+
 
 TEST_HOOK = "DPTUNE_TEST_DRAW_SEED"
 SECRET_BITS = 128
@@ -38,31 +39,6 @@ def _derived(draw_seed: int, *key: int) -> int:
     """A 128-bit value derived from the draw seed (independent per key: numpy SeedSequence)."""
     words = np.random.SeedSequence([draw_seed, *key]).generate_state(SECRET_BITS // 32, np.uint32)
     return int.from_bytes(words.astype("<u4").tobytes(), "little")
-
-
-def sample_params(space: dict[str, od.BaseDistribution], rng: np.random.Generator) -> dict[str, Any]:
-    """One i.i.d. draw from the space's distributions (data-independent random search)."""
-    out: dict[str, Any] = {}
-    for name in sorted(space):
-        d = space[name]
-        if isinstance(d, od.CategoricalDistribution):
-            out[name] = d.choices[int(rng.integers(len(d.choices)))]
-        elif isinstance(d, od.IntDistribution):
-            if d.log:  # floor(exp(U[log low, log(high + 1)))): every value of low..high, log-uniformly
-                v = math.floor(math.exp(rng.uniform(math.log(d.low), math.log(d.high + 1))))
-                out[name] = int(min(max(v, d.low), d.high))
-            else:
-                out[name] = int(d.low + d.step * rng.integers((d.high - d.low) // d.step + 1))
-        elif isinstance(d, od.FloatDistribution):
-            if d.step is not None:
-                out[name] = float(d.low + d.step * rng.integers(int(round((d.high - d.low) / d.step)) + 1))
-            elif d.log:
-                out[name] = float(math.exp(rng.uniform(math.log(d.low), math.log(d.high))))
-            else:
-                out[name] = float(rng.uniform(d.low, d.high))
-        else:  # pragma: no cover - config validation admits only these
-            raise TypeError(f"unsupported distribution {d!r}")
-    return out
 
 
 @dataclass(frozen=True)
@@ -90,8 +66,13 @@ class Draw:
 
 def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None,
               grid: list[dict[str, Any]] | None = None) -> Draw:
-    """Draw K once from ``rule`` and K i.i.d. configs (composed/adaptive: N slots, configs by the searcher;
-    ``grid``: the scaled searcher's fixed trials, K = their number, which its composed rule fixes too)."""
+    """Draw K once from ``rule`` and each trial's config from the space's searcher (``Searcher.sample``: i.i.d.
+    for random search; none for an adaptive one, which chooses while running). A searcher with fixed
+    candidates (the scaled searcher; or ``grid``) runs each once: K = their number, which its composed rule
+    fixes too."""
+    sr = searcher(space.searcher)
+    if grid is None and sr.fixed_candidates:
+        grid = [dict(c) for c in sr.candidates(space)]
     hook = os.environ.get(TEST_HOOK)
     if hook is not None:
         draw_seed, reproducible = int(hook), True
@@ -105,8 +86,7 @@ def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None,
     trials = []
     for i in range(k):
         rng = np.random.default_rng([draw_seed, _STREAMS["params"], i])
-        params = dict(grid[i]) if grid is not None else (
-            sample_params(space.space, rng) if space.searcher == "random" else {})
+        params = dict(grid[i]) if grid is not None else sr.sample(space, rng)
         # each trial's entropy: fresh from the OS (private runs), or derived (reproducible runs only)
         entropy = _derived(draw_seed, _STREAMS["trial_seed"], i) if reproducible else secrets.randbits(SECRET_BITS)
         trials.append({"index": i, "params": params, "seed": entropy})

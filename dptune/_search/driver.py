@@ -21,6 +21,7 @@ import optuna.distributions as od
 from dptune._search.draw import Draw, make_draw
 from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
 from dptune._search.options import RayOptions, check_auth_mode, check_token_file
+from dptune._search.precharge import validate_models, verdict
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta
@@ -109,7 +110,7 @@ def _prepare(req: SearchRequest) -> _Prepared:
     from dptune.data import load_dataset
 
     data = load_dataset(req.space.dataset)
-    notes = _validate_models(req.space, data)
+    notes = validate_models(req.space, data)
     n_train = int(len(data.train[1]))
     # δ ≥ 1/n admits publishing one random example in the clear (n: the smaller, training split)
     check_delta("privacy.delta", req.space.privacy.delta, n_train)
@@ -118,53 +119,6 @@ def _prepare(req: SearchRequest) -> _Prepared:
     transfer = None if not req.space.transfers else plan_transfer(
         req.space, plan, final_n=n_train + int(len(data.val[1])))
     return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), transfer, notes)
-
-
-def _verdict(req: SearchRequest, p: _Prepared, say: Callable[[str], None]) -> None:
-    """A search that plans its final run is priced before anything is charged (priors from the space's public
-    proxy, never from this data); one not expected to pay is refused (exit 2) unless the user tunes anyway."""
-    if p.transfer is None:
-        return
-    from dptune.accounting import advise_transfer
-
-    a = advise_transfer(req.space, p.n_train, n_val=int(len(p.data.val[1])), planned=(p.plan, p.transfer))
-    say(f"  planner (priors from {req.space.planner.proxy}): {a.verdict}")
-    if a.pays:
-        return
-    if not req.tune_anyway:
-        raise ConfigError("--tune-anyway", "the planner does not expect this search to beat training the default "
-                          "config once with the whole budget (see its verdict above); nothing was charged",
-                          "train the default with python -m dptune.train, raise privacy.target_epsilon, or pass "
-                          "--tune-anyway (API: tune_anyway=True) to search anyway")
-    say("  --tune-anyway: searching although the planner does not expect it to pay")
-
-
-def _validate_models(space: SearchSpace, data: Any) -> tuple[str, ...]:
-    """Every model and clipping engine the space can run (each searched value of the keys that change them)
-    passes ``dpsgd.validate_model`` and its clipping guard: a bad model is exit 2 before anything is charged,
-    not a crashed or under-clipped trial inside a charged search. Returns the guard's notes (auto fallbacks)."""
-    import itertools
-
-    from dptune.config import support_values
-    from dptune.dpsgd import validate_model
-
-    options: dict[str, list[Any]] = {}
-    for key in _ENGINE_KEYS:
-        if key in space.space:
-            values = sorted(set(support_values(space.space[key])), key=str)
-            # batch sizes only decide between ghost and hooks (B + 4 sqrt(B) vs the physical batch): extremes
-            options[key] = [min(values), max(values)] if key in ("batch_size", "physical_batch_size") else values
-    notes: list[str] = []
-    for combo in itertools.product(*options.values()):
-        _, note = validate_model(space.fixed.replace(**dict(zip(options, combo, strict=True))),
-                                 data.num_classes, data.input_shape)
-        if note is not None and note not in notes:
-            notes.append(note)
-    return tuple(notes)
-
-
-_ENGINE_KEYS = ("model", "groups", "scale_norm", "fix_batchnorm", "clipping", "augmult", "optimizer",
-                "batch_size", "physical_batch_size")
 
 
 def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> list[str]:
@@ -219,8 +173,7 @@ def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
                     budget_fingerprints=budget_fps,
                     run_spec=p.spec, event_sha256=_event_sha(charge), status="reserved",
                     ledger=str(req.ledger.resolve()), reserved_at=charge.created)
-    draw = make_draw(req.space, p.plan.stopping, seed=req.seed,
-                     grid=list(p.transfer.candidates) if p.transfer and req.space.searcher == "scaled" else None)
+    draw = make_draw(req.space, p.plan.stopping, seed=req.seed)
     draw.save(run.draw_file)
     return charge, draw
 
@@ -349,8 +302,9 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     if req.seed is not None or os.environ.get("DPTUNE_TEST_DRAW_SEED") is not None:
         say("WARNING: fixed randomness (--seed or the test hook): K, the configs and all DP noise are "
             "reproducible: NOT PRIVATE (tests/reproducibility only).")
-    if not req.resume:
-        _verdict(req, p, say)
+    if not req.resume and p.transfer is not None:
+        verdict(req.space, p.n_train, int(len(p.data.val[1])), (p.plan, p.transfer), tune_anyway=req.tune_anyway,
+                say=say)
     charge, draw = (_resume if req.resume else _reserve)(req, run, ledger, p, say)
     say(f"dptune search {run.root.name!r}: space {req.space.name} ({req.space.searcher} search, "
         f"{p.plan.stopping.label()})")

@@ -27,11 +27,12 @@ from ray.tune import Callback
 
 from dptune._search.draw import Draw
 from dptune._search.options import RayOptions
-from dptune._search.searchers import searcher
+from dptune._search.searchers import search_alg
 from dptune._search.trainable import dptune_trial
 from dptune.config import SearchSpace
 from dptune.errors import ConfigError
 from dptune.rundir import RunDir
+from dptune.searchers import searcher
 from dptune.trials import TrialRow
 
 __all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials",
@@ -253,7 +254,7 @@ def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _Se
             run.write_state(tune_experiment=name)
             print("  Ray Tune's saved state could not be read: the search continues from its sealed draw (the same "
                   "trials and seeds, no new charge; details in sealed/logs/driver.log)", flush=True)
-    alg = searcher(space.searcher).search_alg(space, draw)  # seeded from the draw's own sampler stream
+    alg = search_alg(space, draw)  # seeded from the draw's own sampler stream
     return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg, name=name)
 
 

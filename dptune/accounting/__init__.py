@@ -68,7 +68,6 @@ from dptune.accounting._transfer import (
     TransferAdvice,
     TransferPlan,
     advise_transfer,
-    grid_candidates,
     plan_transfer,
 )
 
@@ -104,7 +103,6 @@ __all__ = [
     "event_to_json",
     "min_subsample_size",
     "advise_transfer",
-    "grid_candidates",
     "plan_transfer",
     "plan_search",
     "pld_epsilon",

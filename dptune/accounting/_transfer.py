@@ -18,13 +18,11 @@ it is expected to pay (``dptune.search`` refuses one that is not, unless ``--tun
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import optuna.distributions as od
 
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._advice import expected_max
@@ -32,8 +30,9 @@ from dptune.accounting._calibrate import calibrate_noise_multiplier
 from dptune.accounting._planner import Plan, plan_search
 from dptune.config import ConfigError, SearchSpace, TrialConfig, support_values
 from dptune.errors import check_positive
+from dptune.searchers import searcher
 
-__all__ = ["TransferAdvice", "TransferPlan", "advise_transfer", "grid_candidates", "plan_transfer"]
+__all__ = ["TransferAdvice", "TransferPlan", "advise_transfer", "plan_transfer"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,18 +88,6 @@ class TransferPlan:
                            for b, e, sc, sf in self.sigmas]}
 
 
-def grid_candidates(space: SearchSpace) -> tuple[dict[str, Any], ...]:
-    """The scaled searcher's trials: every combination of its categorical choices (keys in sorted order, each
-    key's choices in the file's order), each run once."""
-    keys = sorted(space.space)
-    choices = []
-    for k in keys:
-        d = space.space[k]
-        assert isinstance(d, od.CategoricalDistribution)  # config.check_transfer
-        choices.append(list(d.choices))
-    return tuple(dict(zip(keys, combo, strict=True)) for combo in itertools.product(*choices))
-
-
 def plan_transfer(space: SearchSpace, plan: Plan, *, final_n: int) -> TransferPlan:
     """The transfer of a search ``plan`` (its charge, at σ_c) to final runs on ``final_n`` examples (the training
     split, plus validation when training on it)."""
@@ -117,7 +104,7 @@ def plan_transfer(space: SearchSpace, plan: Plan, *, final_n: int) -> TransferPl
                 steps=trial_steps(epochs=e, batch_size=b, basis=final_n), delta=plan.delta,
                 target_epsilon=p.target_epsilon)
             rows.append((b, e, sigma_c, sigma_f))
-    candidates = grid_candidates(space) if space.searcher == "scaled" else ()
+    candidates = searcher(space.searcher).candidates(space)
     return TransferPlan(sigmas=tuple(rows), final_n=final_n, candidates=candidates)
 
 
@@ -156,7 +143,7 @@ class TransferAdvice:
     expected_gain: float
     proxy: float
     min_gain: float
-    priors: dict[str, float]
+    priors: dict[str, Any]  # accuracy_spread, loss_per_noise_doubling, and the proxy that measured them
 
     @property
     def pays(self) -> bool:

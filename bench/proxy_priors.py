@@ -1,0 +1,125 @@
+"""The planner's priors for a space, measured on a public proxy task: scikit-learn's bundled 8x8 digits (issue 21).
+
+The verdict "is this search expected to pay" (``accounting.advise_transfer``) needs two numbers about the task,
+which must not come from the private data: how much accuracy varies across the space's configs (``accuracy_spread``)
+and how much accuracy a doubling of the final model's noise-to-signal costs (``loss_per_noise_doubling``). This
+bench measures both on digits (public, bundled, never a budgeted dataset), with the space's configs carried over at
+the same sampling rate q = B/n (batch sizes scaled by n_digits / n_space), the same learning rates, epochs and
+groups, digits' own GroupNorm CNN, every run trained once with the whole ε (no search; σ calibrated):
+
+* accuracy_spread: the std of test accuracy across the space's configs (the scaled searcher's candidates, or
+  ``--configs`` i.i.d. draws from the space's distributions with a fixed public generator), per split seed, averaged;
+* loss_per_noise_doubling: minus the slope of test accuracy against log2 σ for the space's default at σ(ε), 2σ(ε)
+  and 4σ(ε), per split seed, averaged.
+
+    python bench/proxy_priors.py --space search_spaces/mnist.yaml          # writes bench/results/proxy_priors_<space>.md
+
+It prints the ``planner:`` section to put in the space file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dptune._params import sampling_rate, trial_steps
+from dptune.accounting import calibrate_noise_multiplier
+from dptune.config import DatasetSpec, SearchSpace, load_space, nominal_train_size
+from dptune.searchers import searcher
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = DatasetSpec(name="digits", validation_size=180, test_size=360)
+N_FINAL = 1797 - 360  # digits train ∪ validation
+
+
+def configs(space: SearchSpace, n: int) -> list[dict[str, Any]]:
+    from dptune._distributions import sample_params
+
+    if space.searcher == "scaled":
+        return [dict(c) for c in searcher(space.searcher).candidates(space)]
+    rng = np.random.default_rng(20_261_125)  # public and fixed: these are configs, not secrets
+    return [sample_params(space.space, rng) for _ in range(n)]
+
+
+def on_digits(space: SearchSpace, params: dict[str, Any], n_space: int) -> Any:
+    """The space's config carried to digits: the same q = B/n, lr, epochs, groups; digits' GN CNN."""
+    cfg = space.fixed.replace(**params)
+    b = max(2, round(cfg.batch_size * N_FINAL / n_space))
+    return cfg.replace(batch_size=b, physical_batch_size=max(b, 64), model="gn_cnn", model_kwargs={},
+                       score_noise=None)
+
+
+def train(cfg: Any, eps: float, seed: int, sigma_scale: float = 1.0) -> float:
+    import torch
+
+    from dptune.data import load_dataset
+    from dptune.dpsgd import run_trial
+
+    torch.set_num_threads(1)
+    data = load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
+    merged = dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
+                                              torch.cat([data.train[1], data.val[1]])))
+    q = sampling_rate(batch_size=cfg.batch_size, basis=N_FINAL)
+    steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_FINAL)
+    sigma = calibrate_noise_multiplier([], sampling_rate=q, steps=steps, delta=1e-5, target_epsilon=eps)
+    r = run_trial(cfg.replace(noise_multiplier=sigma * sigma_scale, seed=7 * seed + 1), merged, evaluate_test=True)
+    return float(r.test_accuracy or 0.0)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--space", required=True)
+    p.add_argument("--epsilon", type=float, default=2.0, help="total ε of every proxy run (default 2)")
+    p.add_argument("--configs", type=int, default=12, help="random draws from a non-grid space")
+    p.add_argument("--seeds", default="100,101", help="digits split seeds")
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args(argv)
+    space = load_space(args.space)
+    n_space = nominal_train_size(space.dataset)
+    if n_space is None:
+        print("--space: its dataset size is not known without reading it; give a built-in dataset's space")
+        return 2
+    n_space += space.dataset.validation_size  # the final run's examples (train ∪ validation)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    cands = configs(space, args.configs)
+    grid = [(i, on_digits(space, c, n_space)) for i, c in enumerate(cands)]
+    default = on_digits(space, {k: getattr(space.default, k) for k in space.space}, n_space)
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
+        spread_f = {(i, s): ex.submit(train, c, args.epsilon, s) for i, c in grid for s in seeds}
+        noise_f = {(k, s): ex.submit(train, default, args.epsilon, s, 2.0 ** k) for k in (0, 1, 2) for s in seeds}
+        acc = {k: f.result() for k, f in spread_f.items()}
+        noisy = {k: f.result() for k, f in noise_f.items()}
+    spread = float(np.mean([np.std([acc[i, s] for i, _ in grid], ddof=1) for s in seeds]))
+    slopes = [-np.polyfit([0, 1, 2], [noisy[k, s] for k in (0, 1, 2)], 1)[0] for s in seeds]
+    ell = max(1e-4, float(np.mean(slopes)))
+    cmd = " ".join(["python", "bench/proxy_priors.py", *argv])
+    lines = [f"# Planner priors for {space.name}, measured on scikit-learn digits (bench/proxy_priors.py)", "",
+             f"Command: `{cmd}` ({(time.time() - t0) / 60:.1f} min). Total ε {args.epsilon:g} per run, δ 1e-5, "
+             f"digits split seeds {seeds}, {len(grid)} configs of the space carried to digits at the same q.", "",
+             "| config (space's values) | digits B | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+             "|---|---|" + "---|" * len(seeds)]
+    for i, c in grid:
+        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(cands[i].items()))
+        lines.append(f"| {shown} | {c.batch_size} | " + " | ".join(f"{100 * acc[i, s]:.1f}" for s in seeds) + " |")
+    lines += ["", f"Default ({default.batch_size} on digits) at σ(ε) × 1, 2, 4: " + "; ".join(
+        f"seed {s}: " + " / ".join(f"{100 * noisy[k, s]:.1f}" for k in (0, 1, 2)) for s in seeds), "",
+        "```yaml", "planner:", f"  proxy: \"scikit-learn digits, bench/proxy_priors.py --space {args.space}\"",
+        f"  accuracy_spread: {spread:.4f}", f"  loss_per_noise_doubling: {ell:.4f}", "```", ""]
+    text = "\n".join(lines)
+    out = ROOT / "bench" / "results" / f"proxy_priors_{space.name}.md"
+    out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

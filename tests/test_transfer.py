@@ -1,0 +1,119 @@
+"""Searches that plan their final run (issue 21): the transfer rule of every searcher by hand, the planner's
+verdict gate before any charge, and ``--tune-anyway`` through a real Ray search."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from dptune import accounting as A
+from dptune._params import sampling_rate, trial_steps
+from dptune.config import ConfigError, load_space, parse_space
+from dptune.ledger import Ledger
+from tests.conftest import free_port, isolated_env_for, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS_SCALED = ROOT / "search_spaces" / "digits_scaled.yaml"
+N_TRAIN, N_VAL = 1257, 180
+
+
+def _digits_random(searcher: str = "random") -> dict[str, object]:
+    """digits' random-search space planning its final run (σ set by the budget, two batch sizes)."""
+    raw = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
+    raw["space"].pop("noise_multiplier")
+    raw["default"].pop("noise_multiplier")
+    raw["privacy"]["search_share"] = 0.3
+    if searcher == "tpe":
+        raw["privacy"].update(stopping="composed", mean=3)
+        raw["search"].update(accounting="composed", searcher="tpe")
+    return raw
+
+
+@pytest.mark.parametrize("searcher", ["random", "tpe", "scaled"])
+def test_each_searchers_transfer_rule_against_a_hand_computed_case(searcher: str) -> None:
+    """σ_c(B, E) ∝ q·√T (the costliest point's σ fitting the search share), σ_f(B, E) from the budget, and the
+    trial of final-run config (B, E, L) runs at lr = L·σ_f(B, E)/σ_c(B, E): computed here by hand."""
+    space = load_space(DIGITS_SCALED) if searcher == "scaled" else parse_space(_digits_random(searcher))
+    plan = A.plan_search(space, N_TRAIN, compare=False)
+    tp = A.plan_transfer(space, plan, final_n=N_TRAIN + N_VAL)
+    top = max(b / N_TRAIN * math.sqrt(trial_steps(epochs=e, batch_size=b, basis=N_TRAIN)) for b, e, _, _ in tp.sigmas)
+    for b, e, sc, sf in tp.sigmas:
+        w = b / N_TRAIN * math.sqrt(trial_steps(epochs=e, batch_size=b, basis=N_TRAIN))
+        assert sc == pytest.approx(max(0.5, tp.trial_sigma * w / top), rel=1e-12)
+        final = A.trial_event(noise_multiplier=sf, sampling_rate=sampling_rate(batch_size=b, basis=N_TRAIN + N_VAL),
+                              steps=trial_steps(epochs=e, batch_size=b, basis=N_TRAIN + N_VAL), score_noise=None)
+        assert A.epsilon([plan.search_event, final], 1e-5) <= 8 * (1 + 1e-6)
+        cfg = space.fixed.replace(batch_size=b, epochs=e, learning_rate=0.9)
+        t = tp.trial_config(cfg)
+        assert t.noise_multiplier == sc and t.learning_rate == pytest.approx(0.9 * sf / sc, rel=1e-12)
+        assert tp.lr_times_sigma(cfg) == pytest.approx(0.9 * sf, rel=1e-12)  # what the release carries
+    # the search costs what the share allows, at the worst case over the trial points it runs
+    assert plan.search_epsilon <= 0.3 * 8 * (1 + 1e-6)
+    if searcher != "scaled":  # two batch sizes: the small one runs at less noise than the large one
+        (b1, _, s1, _), (b2, _, s2, _) = sorted(tp.sigmas)
+        assert b1 < b2 and s1 < s2
+
+
+def test_a_space_that_plans_its_final_run_refuses_a_searched_noise_multiplier() -> None:
+    raw = _digits_random()
+    raw["space"]["noise_multiplier"] = {"type": "float", "low": 5.0, "high": 7.5}
+    raw["default"]["noise_multiplier"] = 5.0
+    with pytest.raises(ConfigError) as e:
+        parse_space(raw)
+    assert e.value.field == "space.noise_multiplier" and "budget" in e.value.problem
+
+
+def _write(tmp_path: Path, raw: dict[str, object], name: str) -> Path:
+    out = tmp_path / f"{name}.yaml"
+    out.write_text(yaml.safe_dump(raw))
+    return out
+
+
+def _hopeless(tmp_path: Path) -> Path:
+    """digits_scaled with priors under which nothing pays (a tiny spread, a steep loss per noise doubling)."""
+    raw = yaml.safe_load(DIGITS_SCALED.read_text())
+    raw["planner"] = {"proxy": "test priors", "accuracy_spread": 0.0005, "loss_per_noise_doubling": 0.5}
+    return _write(tmp_path, raw, "hopeless")
+
+
+def test_the_verdict_gate_exits_2_before_anything_is_charged(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from dptune.search import main as search_main
+
+    ledger = tmp_path / "ledger.sqlite"
+    rc = search_main(["--space", str(_hopeless(tmp_path)), "--ledger", str(ledger), "--budget-epsilon", "30",
+                      "--runs-dir", str(tmp_path / "runs")])
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    assert "error: --tune-anyway:" in captured.err and "not expected to pay" in captured.out
+    assert "priors from test priors" in captured.out
+    assert not ledger.exists() or Ledger(ledger).charges() == []
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_tune_anyway_runs_the_search_and_says_so(tmp_path: Path) -> None:
+    """A real Ray search (3 trials, 1 epoch) of a space the planner does not expect to pay, with --tune-anyway:
+    it runs, says so, charges the plan, and each trial measured the noise of its planned σ_c."""
+    env = {**isolated_env_for(tmp_path), "RAY_ADDRESS": "local"}
+    ledger = tmp_path / "ledger.sqlite"
+    r = run_cli(["-m", "dptune.search", "--space", str(_hopeless(tmp_path)), "--name", "anyway", "--runs-dir",
+                 str(tmp_path / "runs"), "--ledger", str(ledger), "--budget-epsilon", "30", "--num-cpus", "2",
+                 "--epochs", "1", "--dashboard-port", str(free_port()), "--tune-anyway"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not expected to pay" in r.stdout and "--tune-anyway: searching although" in r.stdout
+    space = load_space(_hopeless(tmp_path))
+    space = space.__class__(**{**space.__dict__, "fixed": space.fixed.replace(epochs=1.0),
+                               "default": space.default.replace(epochs=1.0)})
+    plan = A.plan_search(space, N_TRAIN)
+    (charge,) = Ledger(ledger).charges()
+    assert charge.epsilon == pytest.approx(plan.search_epsilon, rel=1e-9)
+    rows = pq.read_table(tmp_path / "runs" / "anyway" / "sealed" / "trials.parquet").to_pylist()
+    assert len(rows) == 3
+    for row in rows:
+        m = json.loads(row["measured"])
+        assert m["noise_std"] == pytest.approx(plan.points[0].noise_multiplier, rel=0.05)  # clip C = 1
