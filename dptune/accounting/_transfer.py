@@ -152,7 +152,7 @@ class TransferAdvice:
     @property
     def verdict(self) -> str:
         p = self.plan
-        head = (f"{self.searcher} searcher at total epsilon {self.target_epsilon:g}: trials at noise multiplier "
+        head = (f"{self.searcher} searcher at total epsilon {self.target_epsilon:g}: trials at noise multiplier up to "
                 f"{p.trial_sigma:.3g} (r = {self.transfer:.2f} x the final run's), final noise-to-signal "
                 f"x{self.noise_ratio:.2f} of the baseline trained once (noise multiplier {self.baseline_sigma:.3g}); "
                 f"proxy {self.proxy:+.4f}")

@@ -8,6 +8,7 @@ noise, std noise_multiplier · max_grad_norm per coordinate of the summed gradie
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, cast
 
 import torch
@@ -88,7 +89,12 @@ class HooksEngine(Engine):
         k = max(views, 1)
         losses = F.cross_entropy(self.gsm(x), y.repeat_interleave(k), reduction="none")
         losses = losses * _real_mask(len(y), n_real).repeat_interleave(k)
-        (losses.sum() / k).backward()
+        with warnings.catch_warnings():
+            # Opacus' per-sample hooks are full backward hooks; PyTorch warns that they fire with respect to a
+            # module's outputs when its inputs (the data) need no gradient: exactly what the weights' per-sample
+            # gradients need, so the warning tells the user nothing
+            warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+            (losses.sum() / k).backward()
         for p in self.params:
             rows = p.grad_sample.shape[0]  # type: ignore[attr-defined]
             if rows != len(x):  # a layer over (N·P, d) rows: one example would be P rows, each clipped alone
