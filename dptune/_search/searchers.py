@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dptune.config import SearchSpace
-from dptune.searchers import searcher, seed_words, tpe_startup_trials  # noqa: F401 - the bench's workers
+from dptune.searchers import searcher
 
 if TYPE_CHECKING:
     from dptune._search.draw import Draw
