@@ -264,28 +264,42 @@ def _noise_plan(eps: float) -> NoisePlan:
     return NoisePlan((2 * s2, s2), sigma_f, tuple(evs), eps_of(evs), steps)
 
 
-def _one_level_plan(eps: float, *, noisy_max: bool) -> OneLevelPlan:
-    """dptune's own scaled searcher plan (``search_spaces/mnist_scaled.yaml`` at total ``eps``; (g): with a
-    Gaussian score of std ``SCALED_SCORE_NOISE`` per trial instead of the noisy max): the bench runs what
-    ``python -m dptune.search`` on that space runs, trial for trial (checked against this bench's settings)."""
-    from dptune.accounting import plan_scaled
-    from dptune.config import load_space
+def lr_only_scaled(raw: dict[str, Any]) -> dict[str, Any]:
+    """``search_spaces/mnist_scaled.yaml``'s raw mapping made the issue-13 scaled searcher again: B fixed at
+    ``SCALED_BATCH``, the final-run lr candidates ``NOISE_LRS``, one trial each (the shipped space now searches
+    B × lr)."""
+    raw["space"] = {"learning_rate": {"type": "categorical", "choices": list(NOISE_LRS)}}
+    raw["fixed"]["batch_size"] = SCALED_BATCH
+    raw["default"] = {"learning_rate": 0.4}
+    raw["privacy"]["mean"] = len(NOISE_LRS)
+    return raw
 
-    space = load_space(ROOT / "search_spaces" / "mnist_scaled.yaml").with_privacy(target_epsilon=eps)
+
+def _one_level_plan(eps: float, *, noisy_max: bool) -> OneLevelPlan:
+    """dptune's own scaled searcher plan (``search_spaces/mnist_scaled.yaml`` made lr-only, :func:`lr_only_scaled`,
+    at total ``eps``; (g): with a Gaussian score of std ``SCALED_SCORE_NOISE`` per trial instead of the noisy
+    max): the bench runs what ``python -m dptune.search`` on that space runs, trial for trial (checked against
+    this bench's settings)."""
+    from dptune.accounting import plan_transfer
+
+    raw = lr_only_scaled(yaml.safe_load((ROOT / "search_spaces" / "mnist_scaled.yaml").read_text()))
+    raw["dataset"]["path"] = str(MNIST)
+    space = parse_space(raw).with_privacy(target_epsilon=eps)
     assert space.privacy.selection == "noisy_max", "mnist_scaled.yaml no longer ships the noisy max"
     if not noisy_max:
         space = space.with_privacy(selection="best_score", score_noise=SCALED_SCORE_NOISE)
     if os.environ.get(QUICK_ENV):  # smoke check only: the same fewer epochs as every other mode
         e = float(os.environ[QUICK_ENV])
         space = dataclasses.replace(space, fixed=space.fixed.replace(epochs=e), default=space.default.replace(epochs=e))
-    mine = (NOISE_LRS, SCALED_BATCH, NOISE_SHARE, base_space().fixed.epochs, N_TRAIN + N_VAL)
+    mine = (NOISE_SHARE, base_space().fixed.epochs)
     plan = plan_search(space, N_TRAIN, compare=False)
-    sp = plan_scaled(space, plan, final_n=N_FINAL)
-    assert mine == (sp.candidates, space.fixed.batch_size, space.privacy.search_share, space.fixed.epochs,
-                    N_FINAL), "bench settings differ from search_spaces/mnist_scaled.yaml"
+    sp = plan_transfer(space, plan, final_n=N_FINAL)
+    assert mine == (space.privacy.search_share, space.fixed.epochs), \
+        "bench settings differ from search_spaces/mnist_scaled.yaml"
+    assert tuple(c["learning_rate"] for c in sp.candidates) == NOISE_LRS
     steps = trial_steps(epochs=space.fixed.epochs, batch_size=SCALED_BATCH, basis=N_TRAIN)
-    return OneLevelPlan(sp.trial_sigma, sp.final_sigma, (plan.search_event,), plan.search_epsilon, steps,
-                        space.privacy.score_noise if noisy_max else None)
+    return OneLevelPlan(sp.trial_sigma, sp.final_sigma(SCALED_BATCH, space.fixed.epochs), (plan.search_event,),
+                        plan.search_epsilon, steps, space.privacy.score_noise if noisy_max else None)
 
 
 def make_plan(eps: float) -> EpsPlan:
@@ -623,6 +637,24 @@ def report(plans: dict[float, EpsPlan], cells: dict[tuple[float, int], dict[str,
     return "\n".join(lines)
 
 
+def run_tasks(calls: list[tuple[Any, tuple[Any, ...]]], jobs: int, cells: dict[tuple[float, int], dict[str, Any]],
+              t0: float, save: Any) -> None:
+    """Run each (function, args) in ``jobs`` spawned workers; file each result (a dict with epsilon, seed, task,
+    test, seconds) under cells[(ε, seed)][task], print one line and ``save()`` after every one."""
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+        futs: list[Future[dict[str, Any]]] = [ex.submit(f, *a) for f, a in calls]
+        pending = set(futs)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fu in finished:
+                r = fu.result()
+                cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
+                print(f"[{len(futs) - len(pending)}/{len(futs)}] ε {r['epsilon']:g} seed {r['seed']} {r['task']}: "
+                      f"test {100 * r['test']:.1f} ({r['seconds']:.0f} s, {(time.time() - t0) / 60:.1f} min)",
+                      flush=True)
+                save()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description="MNIST tuning-value bench (issue 13)")
     p.add_argument("--dataset", default="mnist")
@@ -666,21 +698,12 @@ def main(argv: list[str]) -> int:
                 cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
     out = Path(args.out)
     record = out.with_suffix(".json")
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
-        futs: dict[Future[dict[str, Any]], tuple[float, int]] = {
-            ex.submit(run_task, plans[eps], s, t): (eps, s) for eps, s in args.rows for t in tasks
-            if t not in cells.get((eps, s), {})}
-        pending = set(futs)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fu in finished:
-                r = fu.result()
-                cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
-                print(f"[{len(futs) - len(pending)}/{len(futs)}] ε {r['epsilon']:g} seed {r['seed']} {r['task']}: "
-                      f"test {100 * r['test']:.1f} ({r['seconds']:.0f} s, {(time.time() - t0) / 60:.1f} min)",
-                      flush=True)
-                out.write_text(report(plans, cells, args, time.time() - t0, tasks))
-                record.write_text(json.dumps([r for c in cells.values() for r in c.values()], indent=0))
+    def save() -> None:
+        out.write_text(report(plans, cells, args, time.time() - t0, tasks))
+        record.write_text(json.dumps([r for c in cells.values() for r in c.values()], indent=0))
+
+    run_tasks([(run_task, (plans[eps], s, t)) for eps, s in args.rows for t in tasks
+               if t not in cells.get((eps, s), {})], args.jobs, cells, t0, save)
     text = report(plans, cells, args, time.time() - t0, tasks)
     out.write_text(text)
     print(text)

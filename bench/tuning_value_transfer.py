@@ -34,8 +34,6 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,19 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tuning_value import paired_stats  # noqa: E402
-from tuning_value_mnist import MNIST, N_FINAL, N_TRAIN, N_VAL, QUICK_ENV, ROOT, _data, _final, gap_share  # noqa: E402
+from tuning_value_mnist import (  # noqa: E402
+    MNIST,
+    N_FINAL,
+    N_TRAIN,
+    N_VAL,
+    QUICK_ENV,
+    ROOT,
+    _data,
+    _final,
+    gap_share,
+    lr_only_scaled,
+    run_tasks,
+)
 
 from dptune.accounting import plan_search, plan_transfer  # noqa: E402
 from dptune.config import SearchSpace, parse_space  # noqa: E402
@@ -79,10 +89,7 @@ def space_for(mode: str, eps: float) -> SearchSpace:
         raw["default"].update(batch_size=64, learning_rate=0.1)
     assert mode != "R2" or {k: raw["space"][k] for k in R2} == R2, "mnist.yaml is no longer R2's space"
     if mode == "m":  # the issue-13 lr-only searcher: B fixed at 256, five lr candidates
-        raw["space"] = {"learning_rate": {"type": "categorical", "choices": [0.2, 0.4, 0.8, 1.6, 3.2]}}
-        raw["fixed"]["batch_size"] = 256
-        raw["default"] = {"learning_rate": 0.4}
-        raw["privacy"]["mean"] = 5
+        raw = lr_only_scaled(raw)
     if os.environ.get(QUICK_ENV):  # smoke check only: 1 epoch everywhere
         raw = copy.deepcopy(raw)
         raw["space"].pop("epochs", None)
@@ -105,12 +112,11 @@ def baseline_space() -> SearchSpace:
     return parse_space(raw, source=None)
 
 
-def _trial(space: SearchSpace, tp: Any, params: dict[str, Any], seed: int, data: Any) -> dict[str, Any]:
+def _trial(space: SearchSpace, plan: Any, tp: Any, params: dict[str, Any], seed: int, data: Any) -> dict[str, Any]:
     from dptune.dpsgd import run_trial
 
     cfg = tp.trial_config(space.fixed.replace(**params, seed=seed))
-    points = plan_search(space, N_TRAIN, compare=False).points
-    r = run_trial(cfg, data, charged_points=points)
+    r = run_trial(cfg, data, charged_points=plan.points)
     return {"params": params, "lr": cfg.learning_rate, "sigma": cfg.noise_multiplier, "score": r.score,
             "val_raw": r.val_accuracy_raw, "diverged": r.diverged}
 
@@ -124,8 +130,7 @@ def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict
     space = space_for(mode, eps)
     plan = plan_search(space, N_TRAIN, compare=False)
     tp = plan_transfer(space, plan, final_n=N_FINAL)
-    draw = make_draw(space, plan.stopping, seed=7_919 * (seed + 1) + sum(map(ord, mode)),
-                     grid=list(tp.candidates) if space.searcher == "scaled" else None)
+    draw = make_draw(space, plan.stopping, seed=7_919 * (seed + 1) + sum(map(ord, mode)))
     trials: list[dict[str, Any]] = []
     if space.searcher == "tpe":
         import optuna
@@ -138,12 +143,12 @@ def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict
         study = optuna.create_study(direction="maximize", sampler=sampler)
         for t in draw.trials:
             ot = study.ask(fixed_distributions=dict(space.space))
-            trials.append(_trial(space, tp, dict(ot.params), int(t["seed"]) % 2**63, data))
+            trials.append(_trial(space, plan, tp, dict(ot.params), int(t["seed"]) % 2**63, data))
             s = trials[-1]["score"]
             study.tell(ot, s if math.isfinite(s) else -1.0)
     else:
         for t in draw.trials:
-            trials.append(_trial(space, tp, dict(t["params"]), int(t["seed"]) % 2**63, data))
+            trials.append(_trial(space, plan, tp, dict(t["params"]), int(t["seed"]) % 2**63, data))
     rows = [TrialRow(index=i, params=t["params"], seed="", score=t["score"], val_accuracy_raw=t["val_raw"],
                      diverged=t["diverged"]) for i, t in enumerate(trials)]
     if space.privacy.selection == "noisy_max":
@@ -319,21 +324,13 @@ def main(argv: list[str]) -> int:
     cells: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
     for r in json.loads(Path(args.resume).read_text()) if args.resume else []:
         cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
-        futs: dict[Future[dict[str, Any]], tuple[float, int]] = {
-            ex.submit(run_task, eps, s, t): (eps, s) for eps, s in args.rows for t in tasks
-            if t not in cells.get((eps, s), {})}
-        pending = set(futs)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fu in finished:
-                r = fu.result()
-                cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
-                print(f"[{len(futs) - len(pending)}/{len(futs)}] ε {r['epsilon']:g} seed {r['seed']} {r['task']}: "
-                      f"test {100 * r['test']:.1f} ({r['seconds']:.0f} s, {(time.time() - t0) / 60:.1f} min)", flush=True)
-                out.write_text(report(cells, args, time.time() - t0, modes))
-                out.with_suffix(".json").write_text(json.dumps([x for c in cells.values() for x in c.values()],
-                                                               indent=0, default=str))
+    def save() -> None:
+        out.write_text(report(cells, args, time.time() - t0, modes))
+        out.with_suffix(".json").write_text(json.dumps([x for c in cells.values() for x in c.values()], indent=0,
+                                                       default=str))
+
+    run_tasks([(run_task, (eps, s, t)) for eps, s in args.rows for t in tasks if t not in cells.get((eps, s), {})],
+              args.jobs, cells, t0, save)
     print(report(cells, args, time.time() - t0, modes))
     return 0
 

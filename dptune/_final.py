@@ -318,15 +318,13 @@ def checkpoint_config(release: Release) -> TrialConfig:
         return release.config
     key = "transfer" if "transfer" in release.certificate.details else "scaled"
     planned = release.certificate.details.get(key) or {}
-    sigma = planned.get("trial_noise_multiplier")  # one σ_c for every trial (certificates before per-(B, E) σ_c)
     c = release.config
-    for point in planned.get("points") or []:  # σ_c of the released config's (B, E)
-        if isinstance(point, dict) and point.get("batch_size") == c.batch_size and point.get("epochs") == c.epochs:
-            sigma = point.get("trial_noise_multiplier")
-            break
-    else:
-        if "points" in planned:
-            sigma = None
+    points = planned.get("points")
+    if points is None:  # one σ_c for every trial (certificates from before each (B, E) had its own)
+        sigma = planned.get("trial_noise_multiplier")
+    else:  # σ_c of the released config's (B, E)
+        sigma = next((p.get("trial_noise_multiplier") for p in points if isinstance(p, dict)
+                      and p.get("batch_size") == c.batch_size and p.get("epochs") == c.epochs), None)
     if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not 0 < sigma < math.inf:
         raise ConfigError(f"certificate.details.{key}.trial_noise_multiplier", f"{sigma!r} is not a positive number "
                           f"(for batch size {c.batch_size}, epochs {c.epochs:g})",

@@ -178,8 +178,8 @@ def check_trial_score_noise(s: SearchSpace) -> None:
 
 def check_transfer(s: SearchSpace) -> None:
     """A search that plans its final run (``privacy.search_share`` with ``privacy.target_epsilon``; the scaled
-    searcher always does) runs every trial at one cheap σ_c with the noise-scaled transfer lr = L·σ_f(B, E)/σ_c
-    (``accounting.TransferPlan``): the noise multiplier is set by the budget, not searched, and the final
+    searcher always does) runs every trial at a cheap σ_c(B, E) with the noise-scaled transfer
+    lr = L·σ_f(B, E)/σ_c(B, E) (``accounting.TransferPlan``): the noise multiplier is set by the budget, not searched, and the final
     run's σ_f must be known for every reachable batch size and epochs."""
     p = s.privacy
     if p.search_share is None:
@@ -192,7 +192,7 @@ def check_transfer(s: SearchSpace) -> None:
                           "trials and the final run from it", "give the total ε for search + final training, e.g. 2")
     if "noise_multiplier" in s.space:
         raise ConfigError("space.noise_multiplier", "is set by the budget when the search plans its final run "
-                          "(privacy.search_share): trials run at one cheap noise multiplier, the final run at what "
+                          "(privacy.search_share): trials run at a cheap noise multiplier, the final run at what "
                           "privacy.target_epsilon leaves", "remove space.noise_multiplier (or remove "
                           "privacy.search_share and privacy.target_epsilon to search it directly)")
     epochs = s.space.get("epochs")

@@ -224,7 +224,7 @@ class PrivacySpec:
     # the total ε the curator plans for search + final training (the search prints the final-training
     # command calibrated to it); None: the curator chooses at final training
     target_epsilon: float | None = None
-    # share of target_epsilon for the search: set, the search plans its final run (every trial at one cheap σ,
+    # share of target_epsilon for the search: set, the search plans its final run (every trial at a cheap σ per (B, E),
     # lr scaled to the final run's update noise: accounting.TransferPlan); the scaled searcher needs it
     search_share: float | None = None
     # best_score: every trial releases a Gaussian-noised score, the best is released (any searcher);
@@ -256,7 +256,7 @@ class SearchSpace:
 
     @property
     def transfers(self) -> bool:
-        """Whether the search plans its final run: trials at one cheap σ_c with the noise-scaled transfer."""
+        """Whether the search plans its final run: trials at a cheap σ_c(B, E) with the noise-scaled transfer."""
         return self.privacy.search_share is not None
 
     def with_privacy(self, **changes: Any) -> SearchSpace:

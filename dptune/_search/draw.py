@@ -19,14 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from dptune._distributions import sample_params
 from dptune.accounting import StoppingRule
 from dptune.config import SearchSpace
 from dptune.rundir import write_private
 from dptune.searchers import searcher
 
-__all__ = ["Draw", "make_draw", "sample_params"]
-
+__all__ = ["Draw", "make_draw"]
 
 TEST_HOOK = "DPTUNE_TEST_DRAW_SEED"
 SECRET_BITS = 128
@@ -64,15 +62,12 @@ class Draw:
         return cls(**json.loads(path.read_text()))
 
 
-def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None,
-              grid: list[dict[str, Any]] | None = None) -> Draw:
+def make_draw(space: SearchSpace, rule: StoppingRule, seed: int | None = None) -> Draw:
     """Draw K once from ``rule`` and each trial's config from the space's searcher (``Searcher.sample``: i.i.d.
     for random search; none for an adaptive one, which chooses while running). A searcher with fixed
-    candidates (the scaled searcher; or ``grid``) runs each once: K = their number, which its composed rule
-    fixes too."""
+    candidates (the scaled searcher) runs each once: K = their number, which its composed rule fixes too."""
     sr = searcher(space.searcher)
-    if grid is None and sr.fixed_candidates:
-        grid = [dict(c) for c in sr.candidates(space)]
+    grid = [dict(c) for c in sr.candidates(space)] if sr.fixed_candidates else None
     hook = os.environ.get(TEST_HOOK)
     if hook is not None:
         draw_seed, reproducible = int(hook), True

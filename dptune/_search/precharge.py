@@ -53,6 +53,6 @@ def verdict(space: SearchSpace, n_train: int, n_val: int, planned: tuple[Plan, T
     if not tune_anyway:
         raise ConfigError("--tune-anyway", "the planner does not expect this search to beat training the default "
                           "config once with the whole budget (see its verdict above); nothing was charged",
-                          "train the default with python -m dptune.train, raise privacy.target_epsilon, or pass "
+                          "raise privacy.target_epsilon, widen privacy.search_share or the space, or pass "
                           "--tune-anyway (API: tune_anyway=True) to search anyway")
     say("  --tune-anyway: searching although the planner does not expect it to pay")
