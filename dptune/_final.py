@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dptune._params import sampling_rate, trial_steps
+from dptune._params import clip_sensitivity, sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
 from dptune.certificate import Certificate, guarantee, verify_binding
 from dptune.config import DatasetSpec, TrialConfig, later_defaults
@@ -192,17 +192,19 @@ def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple
         config = config.replace(epochs=float(req.epochs))
     q = sampling_rate(batch_size=config.batch_size, basis=n)
     steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
+    sensitivity = clip_sensitivity(config.clipping)  # batch clipping: one example moves the step by 2C
     if req.target_epsilon is not None:
         try:
             sigma = calibrate_noise_multiplier([e for _, e in cert.events], sampling_rate=q, steps=steps,
                                                delta=cert.delta, target_epsilon=req.target_epsilon)
         except ConfigError as e:
             raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
-        config = config.replace(noise_multiplier=sigma)
+        config = config.replace(noise_multiplier=sigma * sensitivity)
     if release.lr_times_sigma is not None:  # the transfer rule lr·σ = L·σ_f, at the σ this run has
         config = config.replace(learning_rate=release.lr_times_sigma / config.noise_multiplier)
-    event = trial_event(noise_multiplier=config.noise_multiplier, sampling_rate=q, steps=steps, score_noise=None)
-    summary = {"noise_multiplier": config.noise_multiplier, "sampling_rate": q, "steps": steps,
+    event = trial_event(noise_multiplier=config.noise_multiplier / sensitivity, sampling_rate=q, steps=steps,
+                        score_noise=None)
+    summary = {"noise_multiplier": config.noise_multiplier, "sensitivity": sensitivity, "sampling_rate": q, "steps": steps,
                "epochs": config.epochs, "batch_size": config.batch_size, "n_train": n,
                "learning_rate": config.learning_rate,
                "train_on_validation": bool(req.train_on_validation), "target_epsilon": req.target_epsilon,
@@ -244,7 +246,8 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
           f"(noise multiplier {config.noise_multiplier:.4f}, q = {summary['sampling_rate']:.4g}, "
           f"{summary['steps']} steps, n = {n})")
     try:
-        charged = TrialPoint(noise_multiplier=config.noise_multiplier, sampling_rate=summary["sampling_rate"],
+        charged = TrialPoint(noise_multiplier=config.noise_multiplier / summary["sensitivity"],
+                             sampling_rate=summary["sampling_rate"],
                              steps=summary["steps"], score_noise=None)
         result = dpsgd.run_trial(config, data, device=_device(req.device), evaluate_test=True, return_model=True,
                                  charged_points=[charged])  # refuses to start unless it runs what was charged

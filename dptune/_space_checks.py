@@ -29,7 +29,7 @@ SCHEDULERS = ("fifo", "asha")  # asha: planned, refused until it is charged per 
 INTERNAL_FIELDS = ("seed", "sampling_basis")
 # Hyperparameters a space may search over (everything else of TrialConfig is fixed per space).
 SEARCHABLE = ("learning_rate", "batch_size", "groups", "noise_multiplier", "epochs", "max_grad_norm",
-              "momentum", "ema_decay", "augmult")
+              "momentum", "ema_decay", "augmult", "clipping")
 
 
 def check_space(s: SearchSpace) -> None:
@@ -202,3 +202,9 @@ def check_transfer(s: SearchSpace) -> None:
     if s.tune_fraction < 1:
         raise ConfigError("search.tune_fraction", "a search that plans its final run runs on the full training "
                           "split", "remove search.tune_fraction")
+    clipping = s.space.get("clipping")
+    if "batch" in (list(clipping.choices) if isinstance(clipping, od.CategoricalDistribution) else [s.fixed.clipping]):
+        raise ConfigError("space.clipping" if "clipping" in s.space else "fixed.clipping", "batch clipping is not "
+                          "planned by a search that plans its final run (its noise sits on the batch mean, so the "
+                          "transfer lr = L·σ_f/σ_c does not carry over)", "use per-example clipping here, or remove "
+                          "privacy.search_share and set the noise multiplier (fixed or searched)")

@@ -233,6 +233,9 @@ class PlannerSpec:
     accuracy_spread: float = 0.10  # std of accuracy across the space's configs
     loss_per_noise_doubling: float = 0.15  # accuracy lost when the final model's noise-to-signal doubles
     min_gain: float = 0.005  # the proxy gain a search must promise to be run (half a point)
+    # the config a search must beat, trained once with the whole budget (e.g. the literature's default): its
+    # hyperparameters; None: the space's default
+    baseline: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.proxy, str) or not self.proxy.strip():

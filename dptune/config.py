@@ -40,7 +40,8 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
 
 MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
-CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost")
+# batch: the batch's mean gradient clipped (sensitivity 2C; trains BatchNorm); the others clip each example's (C)
+CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost", "batch")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,6 +260,12 @@ class SearchSpace:
         """Whether the search plans its final run: trials at a cheap σ_c(B, E) with the noise-scaled transfer."""
         return self.privacy.search_share is not None
 
+    @property
+    def baseline(self) -> TrialConfig:
+        """The config a search must beat, trained once with the whole budget: ``planner.baseline`` (e.g. the
+        literature's default) over the space's default, or the default itself."""
+        return self.default.replace(**(self.planner.baseline or {}))
+
     def with_privacy(self, **changes: Any) -> SearchSpace:
         """This space with ``privacy`` settings changed, its trials' own score noise derived again (a noisy-max
         selection or a public validation split: none per trial; otherwise ``privacy.score_noise``)."""
@@ -315,6 +322,14 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     planner_raw = _section(raw, "planner", tuple(f.name for f in dataclasses.fields(PlannerSpec)))
     planner = PlannerSpec(**{k: coerce_value(f"planner.{k}", v, PlannerSpec.__dataclass_fields__[k].type)
                              for k, v in planner_raw.items()})
+    if planner.baseline is not None:
+        for key in planner.baseline:
+            if key not in TrialConfig.__dataclass_fields__ or key in ("seed", "sampling_basis"):
+                raise ConfigError(f"planner.baseline.{key}", "is not a hyperparameter",
+                                  "use the hyperparameters of space: (e.g. learning_rate, batch_size)")
+        planner = dataclasses.replace(planner, baseline={
+            k: coerce_value(f"planner.baseline.{k}", v, TrialConfig.__dataclass_fields__[k].type)
+            for k, v in planner.baseline.items()})
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, planner=planner, **_parse_search(raw))
     check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)

@@ -22,6 +22,9 @@ class ConfigError(ValueError):
         self.fix = fix
         super().__init__(f"{field_name}: {problem}; {fix}")
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str, str]]:  # picklable (worker processes)
+        return (type(self), (self.field, self.problem, self.fix))
+
     def renamed(self, field_name: str) -> ConfigError:
         """The same error under another field name (e.g. the CLI flag that set it)."""
         return ConfigError(field_name, self.problem, self.fix)

@@ -34,6 +34,7 @@ from dptune.accounting import (
     advise,
     advise_transfer,
     alternative_rules,
+    clipping_sensitivity,
     epsilon,
     plan_search,
     sigma_floor,
@@ -157,6 +158,13 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
     return plan, space
 
 
+def _per_example(space: SearchSpace) -> SearchSpace:
+    """``space`` with per-example clipping wherever it clips the batch (the same σ, q, T, score noise)."""
+    fixed = space.fixed.replace(clipping="auto")
+    rest = {k: v for k, v in space.space.items() if k != "clipping"}
+    return dataclasses.replace(space, fixed=fixed, default=space.default.replace(clipping="auto"), space=rest)
+
+
 def _replace_privacy(space: SearchSpace, **changes: Any) -> SearchSpace:
     return space.with_privacy(**changes)
 
@@ -196,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         out = _summary(plan)
         if space is not None:
             out["tune_fraction"] = space.tune_fraction
+            if clipping_sensitivity(space) > 1:  # what BatchNorm costs: the same σ, q, T clipped per example
+                per_example = plan_search(_per_example(space), plan.n_train, plan.stopping, compare=False)
+                out["batch_clipping"] = {"sensitivity": clipping_sensitivity(space),
+                                         "per_example_trial_epsilon": per_example.trial_epsilon,
+                                         "per_example_search_epsilon": per_example.search_epsilon}
         if space is not None and space.transfers:
             out["transfer"] = _transfer_json(args, space, plan.n_train)
         elif args.target_epsilon is not None:
@@ -273,7 +286,8 @@ def _transfer_json(args: argparse.Namespace, space: SearchSpace, n_train: int) -
             "final_noise_multipliers": [{"batch_size": b, "epochs": e, "noise_multiplier": sf}
                                         for b, e, sf in p.final_sigmas],
             "candidates": [dict(c) for c in p.candidates],
-            "final_n": p.final_n, "baseline": args.baseline or "default",
+            "final_n": p.final_n,
+            "baseline": args.baseline or ("planner.baseline" if space.planner.baseline else "default"),
             "baseline_noise_multiplier": a.baseline_sigma, "noise_ratio": a.noise_ratio, "transfer": a.transfer,
             "expected_gain": a.expected_gain, "proxy": a.proxy, "pays": a.pays, "verdict": a.verdict,
             "priors": {**a.priors, "min_gain": a.min_gain}}
@@ -319,10 +333,18 @@ def _score_label(out: dict[str, Any], score_noise: float | None) -> str:
 
 def _print(out: dict[str, Any]) -> None:
     w = out["worst_case"]
-    print(f"one trial (worst case over {w['points']} reachable point(s): sigma >= {w['noise_multiplier']:g}, "
+    sens = out.get("batch_clipping", {}).get("sensitivity", 1.0)
+    label = "sigma" if sens == 1 else f"sigma/{sens:g}"
+    print(f"one trial (worst case over {w['points']} reachable point(s): {label} >= {w['noise_multiplier']:g}, "
           f"q <= {w['max_sampling_rate']:.4g}, T <= {w['max_steps']}, score noise "
           f"{_score_label(out, w['score_noise'])}):  "
           f"epsilon = {out['trial_epsilon']:.4f} at delta = {out['delta']:g}")
+    if "batch_clipping" in out:
+        bc = out["batch_clipping"]
+        print(f"batch clipping: one example moves the clipped batch mean by up to {bc['sensitivity']:g}C, so each "
+              f"step is charged at sigma / {bc['sensitivity']:g}; per-example clipping at the same "
+              f"sigma, q, T would cost epsilon = {bc['per_example_trial_epsilon']:.4f} per trial, "
+              f"{bc['per_example_search_epsilon']:.4f} for the whole search: the difference is what BatchNorm costs")
     if out.get("tune_fraction", 1.0) < 1:
         print(f"search on a Poisson subsample of {out['tune_fraction']:g} of the training data "
               "(Zhu & Wang 2019, Thm. 6; score releases on the full validation split are not amplified)")

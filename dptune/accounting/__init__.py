@@ -47,6 +47,7 @@ from dptune.accounting._events import (
 from dptune.accounting._planner import (
     Plan,
     TrialPoint,
+    clipping_sensitivity,
     plan_search,
     reachable_points,
     selection_event,
@@ -103,6 +104,7 @@ __all__ = [
     "event_to_json",
     "min_subsample_size",
     "advise_transfer",
+    "clipping_sensitivity",
     "plan_transfer",
     "plan_search",
     "pld_epsilon",

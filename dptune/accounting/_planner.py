@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import optuna.distributions as od
 from dp_accounting import dp_event as de
 
-from dptune._params import sampling_rate, trial_steps
+from dptune._params import clip_sensitivity, sampling_rate, trial_steps
 from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._amplify import check_fraction
 from dptune.accounting._calibrate import calibrate_tight
@@ -21,7 +21,7 @@ from dptune.accounting._subsample import subsampled_search_event
 from dptune.config import ConfigError, SearchSpace, check_trial_score_noise, support_values
 from dptune.errors import check_positive
 
-__all__ = ["Plan", "TrialPoint", "plan_search", "reachable_points", "selection_event", "sigma_floor",
+__all__ = ["Plan", "TrialPoint", "clipping_sensitivity", "plan_search", "reachable_points", "selection_event", "sigma_floor",
            "transfer_trial_sigma", "transfer_weights", "worst_case_event"]
 
 SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP series converge slowly
@@ -29,7 +29,8 @@ SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP se
 
 @dataclass(frozen=True, order=True, kw_only=True)
 class TrialPoint:
-    """Privacy parameters of one reachable trial."""
+    """Privacy parameters of one reachable trial; ``noise_multiplier`` per unit of sensitivity (the σ a trial adds
+    over ``dptune._params.clip_sensitivity`` of its clipping mode: batch clipping's σ/2)."""
 
     noise_multiplier: float
     sampling_rate: float
@@ -42,16 +43,19 @@ class TrialPoint:
 
 
 def _sigma_values(space: SearchSpace, sigma_low: float | None) -> list[float]:
+    """The worst-case σ per unit of sensitivity: the smallest σ the space reaches over its largest clipping
+    sensitivity (batch clipping: 2C, ``dptune._params.clip_sensitivity``)."""
     dist = space.space.get("noise_multiplier")
     if sigma_low is not None:
         return [sigma_low]
+    sensitivity = clipping_sensitivity(space)
     if dist is None:
-        return [space.fixed.noise_multiplier]
+        return [space.fixed.noise_multiplier / sensitivity]
     if isinstance(dist, od.FloatDistribution | od.IntDistribution):
         # RDP of the (subsampled) Gaussian decreases in σ: the range's lower bound is the worst case.
-        return [float(dist.low)]
+        return [float(dist.low) / sensitivity]
     assert isinstance(dist, od.CategoricalDistribution)
-    return [float(min(float(c) for c in dist.choices))]  # type: ignore[arg-type]
+    return [float(min(float(c) for c in dist.choices)) / sensitivity]  # type: ignore[arg-type]
 
 
 def _values(space: SearchSpace, key: str) -> list[float]:
@@ -192,6 +196,8 @@ def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
     RDP bound as its fast upper bracket) for which the whole search costs at most ``target_epsilon``.
 
     ``None`` if even σ = 1000 does not fit (the score release or random-stopping overhead alone exceeds it).
+    The floor is the σ a trial adds: per unit of sensitivity times the space's largest clipping sensitivity
+    (batch clipping: twice the per-example floor).
     """
     check_positive("target_epsilon", target_epsilon, "choose e.g. 2.0")
 
@@ -201,8 +207,14 @@ def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
 
     lo, hi = SIGMA_FLOOR_RANGE
     delta = space.privacy.delta
-    return calibrate_tight(lambda s: tight_epsilon(search(s), delta), upper_cost=lambda s: rdp_epsilon(search(s), delta),
-                           target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
+    floor = calibrate_tight(lambda s: tight_epsilon(search(s), delta), upper_cost=lambda s: rdp_epsilon(search(s), delta),
+                            target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=tolerance)
+    return None if floor is None else floor * clipping_sensitivity(space)
+
+
+def clipping_sensitivity(space: SearchSpace) -> float:
+    """The largest clipping sensitivity (in units of C) any trial of ``space`` can have."""
+    return max(clip_sensitivity(str(c)) for c in _values(space, "clipping"))
 
 
 def transfer_trial_sigma(space: SearchSpace, n_train: int) -> float:

@@ -19,9 +19,10 @@ from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 from torch.nn.grad import conv2d_weight
 
-from dptune._params import sampling_rate
+from dptune._params import BATCH_CLIPPING, sampling_rate
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._optim import (
+    BatchClipDPOptimizer,
     ClippingDPOptimizer,
     GhostClippingModule,
     NoiseMeter,
@@ -30,7 +31,9 @@ from dptune.dpsgd._optim import (
     zero_rows,
 )
 
-__all__ = ["AUTO_CLIPPING", "Engine", "engine_mode", "make_engine", "resolve_clipping"]
+__all__ = ["AUTO_CLIPPING", "ENGINE_MODES", "Engine", "engine_mode", "make_engine", "resolve_clipping"]
+
+ENGINE_MODES = ("bookkeeping", "hooks", "functorch", "ghost", BATCH_CLIPPING)  # what make_engine builds
 
 # "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14, opacus 1.6, bench/step_overhead.py
 # --quick, DP step / non-private step): gn_cnn B=256: bookkeeping 2.17x, hooks 3.54x, functorch 3.69x,
@@ -76,6 +79,33 @@ class Engine:
         """An empty Poisson batch: zero contribution, but the step (and its noise) still happens."""
         for p in self.params:
             p.grad_sample = p.new_zeros((0, *p.shape))  # type: ignore[attr-defined]
+
+
+class BatchClipEngine(Engine):
+    """Batch clipping: the plain model (BatchNorm allowed, in batch-statistics mode) on the real rows of the batch,
+    the sum of their losses (each averaged over its views) differentiated once; the optimizer clips the batch mean
+    (:class:`BatchClipDPOptimizer`). No per-example gradient exists, so nothing here bounds one example's effect
+    by C: the 2C bound on the clipped mean does, and the charge uses it."""
+
+    optimizer: BatchClipDPOptimizer
+
+    def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
+        k = max(views, 1)
+        n = len(y) if n_real is None else n_real
+        if n == 0:
+            self.empty()
+            return x.new_zeros(())
+        # padding rows are dropped before the forward: under BatchNorm they would shift the batch's statistics
+        losses = F.cross_entropy(self.model(x[:n * k]), y[:n].repeat_interleave(k), reduction="none")
+        total = losses.view(n, k).mean(1).sum()
+        total.backward()
+        self.optimizer.examples += n
+        return total.detach()
+
+    def empty(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 class HooksEngine(Engine):
@@ -327,11 +357,15 @@ def make_engine(mode: str, model: nn.Module, config: TrialConfig, noise: torch.G
         opt = ClippingDPOptimizer(base, **kw)
         opt.meter = meter
         engine = HooksEngine(model, opt) if mode == "hooks" else VmapEngine(model, opt)
+    elif mode == BATCH_CLIPPING:
+        batch = BatchClipDPOptimizer(base, **kw)
+        batch.meter = meter
+        engine = BatchClipEngine(model, batch)
     else:
-        raise ConfigError("clipping", f"unknown clipping mode {mode!r}", "use one of: auto, hooks, functorch, ghost")
+        raise ConfigError("clipping", f"unknown clipping mode {mode!r}", "use one of: " + ", ".join(ENGINE_MODES))
     return engine
 
 
 def engine_mode(engine: Engine) -> str:
     return {HooksEngine: "hooks", VmapEngine: "functorch", GhostEngine: "ghost",
-            BookKeepingEngine: "bookkeeping"}[type(engine)]
+            BookKeepingEngine: "bookkeeping", BatchClipEngine: BATCH_CLIPPING}[type(engine)]

@@ -22,6 +22,10 @@ dataset's shape from a fixed generator (no data is read; the guard's answer is a
    ‖S(B) − S(B ∖ {j}) − clip(r_j)‖ <= TOL·C for every j (removing one example moves the sum by exactly its
    clipped gradient, so by at most C); then one full optimizer step of the real optimizer on the copy.
 
+Batch clipping (``clipping: batch``) has no per-example term to compare: its probe checks its own invariant instead
+(``_batch_probe``: S(B) is the batch's clipped mean gradient, every S lies in the C-ball, one example moves it by at
+most 2C, the sensitivity charged).
+
 A mode that fails is refused (ConfigError naming ``clipping``, the measured error in units of C, and the mode that
 works), or, under ``clipping: auto``, replaced by functorch; a model that fails even in functorch (it cannot
 process one example alone) is refused in every mode.
@@ -39,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dptune._params import BATCH_CLIPPING
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._engines import Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import padded_size
@@ -188,6 +193,39 @@ class _Probe:
         return ProbeResult(mode, error, worst, None)
 
 
+def _batch_probe(build: Build, config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> ProbeResult:
+    """Batch clipping's invariant, measured: the engine's S(B) is the batch's mean loss gradient (plain autograd
+    over the whole batch, BatchNorm statistics shared) clipped to C, and S(B), S(B ∖ {j}) lie in the ball of
+    radius C, so one example moves what the noise is added to by at most 2C (the sensitivity charged)."""
+    x, y, views = _inputs(config, num_classes, input_shape)
+    everyone = list(range(EXAMPLES))
+    m = build()
+    params = [p for p in m.parameters() if p.requires_grad]
+    loss = F.cross_entropy(m(x), y.repeat_interleave(views), reduction="none").view(EXAMPLES, views).mean(1).mean()
+    ref = [torch.zeros_like(p) if g is None else g.detach()
+           for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True), strict=True)]
+    norm = _norm(ref)
+    c = 0.5 * norm if norm > 0 else 1.0  # the mean is clipped
+    expected = [g * min(1.0, c / (norm + 1e-6)) for g in ref]
+    cfg = config.replace(max_grad_norm=c)
+    error = worst = 0.0
+    try:
+        full = _clipped_sum(BATCH_CLIPPING, build, cfg, x, y, views, everyone, step=True)
+        error = _norm([a - b for a, b in zip(full, expected, strict=True)]) / c
+        largest = _norm(full) / c
+        for j in everyone:
+            rest = _clipped_sum(BATCH_CLIPPING, build, cfg, x, y, views, [i for i in everyone if i != j])
+            largest = max(largest, _norm(rest) / c)
+            worst = max(worst, _norm([a - b for a, b in zip(full, rest, strict=True)]) / c)
+    except Exception as e:
+        text = str(e).splitlines()[0] if str(e) else ""
+        return ProbeResult(BATCH_CLIPPING, float("inf"), float("inf"), f"it fails ({type(e).__name__}: {text})")
+    if not (error <= TOL and largest <= 1 + TOL and worst <= 2 + TOL):
+        return ProbeResult(BATCH_CLIPPING, error, worst, f"the clipped mean differs from the reference by "
+                           f"{error:.3g}·C, has norm up to {largest:.3g}·C, and one example moves it by {worst:.3g}·C")
+    return ProbeResult(BATCH_CLIPPING, error, worst, None)
+
+
 def _builder(config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> Build:
     """Fresh float64 models of ``config``, seed-0 init (rebuilt, not deep-copied: legacy weight_norm's computed
     weight cannot be copied)."""
@@ -215,6 +253,14 @@ def guarded_clipping(config: TrialConfig, num_classes: int, input_shape: tuple[i
 @functools.lru_cache(maxsize=256)
 def _guarded(key: str, mode: str, num_classes: int, input_shape: tuple[int, ...]) -> tuple[str, str | None]:
     config = TrialConfig.from_dict(json.loads(key))
+    if mode == BATCH_CLIPPING:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = _batch_probe(_builder(config, num_classes, input_shape), config, num_classes, input_shape)
+        if not result.exact:
+            raise ConfigError("clipping", f"batch clipping is not exact for this model: {result.failure}",
+                              "make the forward pass deterministic (no dropout or other randomness in forward)")
+        return mode, None
     try:
         probe = _Probe(_builder(config, num_classes, input_shape), config, num_classes, input_shape)
     except _Unfit as e:

@@ -44,8 +44,9 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
     epoch_steps = min(sched.steps_per_epoch, sched.steps - st.steps)
     poisson = _poisson(len(y_train), sched.sampling_rate, epoch_steps, run.streams.sampler)
     # BatchMemoryManager's splitter: logical Poisson batch -> physical chunks, the optimizer only
-    # steps (and adds noise) after the last chunk. Ghost clipping cannot accumulate: no splitting.
-    batches = poisson if sched.clipping_mode == "ghost" else BatchSplittingSampler(
+    # steps (and adds noise) after the last chunk. Ghost clipping cannot accumulate, and batch clipping's
+    # BatchNorm statistics are the logical batch's: no splitting.
+    batches = poisson if sched.clipping_mode in ("ghost", "batch") else BatchSplittingSampler(
         sampler=poisson, max_batch_size=sched.chunk, optimizer=opt)
     named = run.named_params
     loss_sum, seen = 0.0, 0

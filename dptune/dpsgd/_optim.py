@@ -21,8 +21,8 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
-__all__ = ["ClippingDPOptimizer", "GhostClippingModule", "NoiseMeter", "SummedDPOptimizer", "clip_factors",
-           "zero_rows"]
+__all__ = ["BatchClipDPOptimizer", "ClippingDPOptimizer", "GhostClippingModule", "NoiseMeter", "SummedDPOptimizer",
+           "clip_factors", "zero_rows"]
 
 
 class NoiseMeter:
@@ -112,6 +112,40 @@ class SummedDPOptimizer(DPOptimizerFastGradientClipping):
         super().add_noise()
         if self.meter is not None:
             self.meter.record(self.params)
+
+
+class BatchClipDPOptimizer(SummedDPOptimizer):
+    """Batch clipping (van Dijk et al. 2023): the engine leaves the *un-clipped* sum of the batch's loss gradients
+    in p.grad and counts the batch's examples in ``examples``; each logical step takes their mean, clips it as one
+    vector to C (zero if it is not finite, or for an empty batch), adds N(0, (σ·C)²) and steps on that, without
+    dividing by the batch size: the noise is on the mean, not on a sum of per-example terms. One example moves the
+    clipped mean by up to 2C (``dptune._params.clip_sensitivity``), which the accountant charges."""
+
+    examples = 0
+
+    def pre_step(self, closure: Any = None) -> bool:
+        # Opacus 1.6 DPOptimizerFastGradientClipping.pre_step, with the mean clipped before the noise and no
+        # scale_grad (the expected batch size divides nothing here)
+        self.accumulate()
+        if self._check_skip_next_step():
+            self._is_last_step_skipped = True
+            return False
+        self._clip_mean()
+        self.add_noise()
+        if self.step_hook:
+            self.step_hook(self)
+        self._is_last_step_skipped = False
+        return True
+
+    def _clip_mean(self) -> None:
+        n, self.examples = self.examples, 0
+        with torch.no_grad():
+            means = [cast(torch.Tensor, p.summed_grad) / max(n, 1) for p in self.params]  # type: ignore[attr-defined]
+            norm = torch.stack(torch._foreach_norm(means)).double().square().sum().sqrt() if means else None
+            factor = 0.0 if n == 0 or norm is None or not bool(torch.isfinite(norm)) else \
+                min(1.0, self.max_grad_norm / (float(norm) + 1e-6))
+            for p, m in zip(self.params, means, strict=True):
+                p.summed_grad = torch.zeros_like(m) if factor == 0.0 else m * factor  # type: ignore[attr-defined]
 
 
 class GhostClippingModule(GradSampleModuleFastGradientClipping):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dptune._params import sampling_rate, trial_steps
+from dptune._params import clip_sensitivity, sampling_rate, trial_steps
 from dptune.config import TrialConfig
 from dptune.data import Splits
 from dptune.dpsgd._audit import AuditHooks, apply_bug
@@ -106,8 +106,9 @@ def run_trial(
     basis = n if sampling_basis is None else sampling_basis
     sched = schedule(config, basis, data.num_classes, data.input_shape)
     if charged_points is not None:
-        check_charged(charged_points, noise_multiplier=config.noise_multiplier, sampling_rate=sched.sampling_rate,
-                      steps=sched.steps, score_noise=config.score_noise)
+        # the charged σ is per unit of sensitivity: the mode that will run decides it (batch clipping: 2C)
+        check_charged(charged_points, noise_multiplier=config.noise_multiplier / clip_sensitivity(sched.clipping_mode),
+                      sampling_rate=sched.sampling_rate, steps=sched.steps, score_noise=config.score_noise)
     identity = trial_identity(config, n, basis)
     run = _start(config, data, sched, dev, _audit)
     if checkpoint_path is not None and Path(checkpoint_path).exists():

@@ -3,6 +3,7 @@ search for every model the space can build) and again at every trial's model ini
 
 Three checks, each a ConfigError naming field ``model`` (CLIs: exit 2, nothing charged):
 1. BatchNorm: refused (dptune's message, naming the layer), or replaced by GroupNorm with ``fix_batchnorm``;
+   under batch clipping (``clipping: batch``) it trains, normalising with each batch's own statistics only;
 2. Opacus' own ``ModuleValidator`` (e.g. nn.LSTM, InstanceNorm with running stats), reported by layer name;
 3. a forward and backward pass of two synthetic, data-independent inputs through the per-sample-gradient
    engine the trial will use: wrong input or output shapes, and ops the engine cannot differentiate per
@@ -19,10 +20,11 @@ from opacus.validators import ModuleValidator
 from opacus.validators.errors import IllegalModuleConfigurationError, ShouldReplaceModuleError
 from torch import nn
 
+from dptune._params import BATCH_CLIPPING
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._engines import make_engine
 from dptune.dpsgd._guard import guarded_clipping
-from dptune.models import build_model, check_no_batchnorm, fix_batchnorm
+from dptune.models import batch_statistics_only, build_model, check_no_batchnorm, fix_batchnorm
 
 __all__ = ["checked_model", "validate_model"]
 
@@ -34,8 +36,10 @@ def checked_model(model: nn.Module, config: TrialConfig) -> nn.Module:
     Opacus' ModuleValidator; ConfigError naming the offending layer otherwise."""
     if config.fix_batchnorm:
         fix_batchnorm(model, config.groups)
-    check_no_batchnorm(model)
     model.train()  # dptune trains in training mode (Opacus refuses a model in eval mode)
+    if config.clipping == BATCH_CLIPPING:  # no per-example gradients: Opacus' per-layer validators do not apply
+        return batch_statistics_only(model)
+    check_no_batchnorm(model)
     if ModuleValidator.validate(model, strict=False):
         _raise_by_layer(model)
     return model

@@ -1,4 +1,5 @@
-"""Models for DP-SGD: GroupNorm everywhere (BatchNorm mixes samples and leaks running statistics)."""
+"""Models for DP-SGD: GroupNorm everywhere (BatchNorm mixes samples and leaks running statistics); the built-in
+CNNs take ``norm: batch`` for batch clipping, the one mode that may train BatchNorm."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dptune.models._layers import group_norm
 from dptune.models._mlp import MLP
 from dptune.models._resnets import ResNet9, WideResNet
 
-__all__ = ["build_model", "check_no_batchnorm", "count_parameters", "fix_batchnorm"]
+__all__ = ["batch_statistics_only", "build_model", "check_no_batchnorm", "count_parameters", "fix_batchnorm"]
 
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -54,8 +55,23 @@ def check_no_batchnorm(model: nn.Module) -> None:
             raise ConfigError(
                 "model",
                 f"{name} is BatchNorm, incompatible with DP-SGD (cross-sample statistics, leaking running stats)",
-                "set model.fix_batchnorm: true to replace it with GroupNorm, or use GroupNorm",
+                "set model.fix_batchnorm: true to replace it with GroupNorm, use GroupNorm, or train with "
+                "fixed.clipping: batch (batch clipping, charged at twice the sensitivity)",
             )
+
+
+def batch_statistics_only(model: nn.Module) -> nn.Module:
+    """Every BatchNorm normalises with the statistics of the batch it is given, in training and in evaluation,
+    and keeps no running statistics, in place; returns ``model``. Batch clipping bounds what one example does to
+    the noised gradient, but a running mean would be an un-noised statistic of the private data carried into
+    every checkpoint and release: it is never computed."""
+    for module in model.modules():
+        if isinstance(module, _BATCHNORMS):
+            module.track_running_stats = False
+            module.running_mean = None
+            module.running_var = None
+            module.num_batches_tracked = None
+    return model
 
 
 def fix_batchnorm(model: nn.Module, groups: int) -> nn.Module:

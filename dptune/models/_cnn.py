@@ -10,20 +10,29 @@ from dptune.config import ConfigError
 from dptune.models._layers import activation, group_norm
 
 
+def _norm(norm: str, channels: int, groups: int, where: str) -> nn.Module:
+    """GroupNorm (default), or BatchNorm for batch clipping (``norm: batch``; every other mode refuses it)."""
+    if norm == "group":
+        return group_norm(channels, groups, where)
+    if norm == "batch":
+        return nn.BatchNorm2d(channels)
+    raise ConfigError("model.kwargs.norm", f"{norm!r} is not a normalisation", "use group or batch")
+
+
 class GNCNN(nn.Module):
     """conv-GN-act x2, pool, conv-GN-act, adaptive pool, linear. Tanh: bounded activations keep
     per-sample gradient norms small, which helps DP-SGD (Papernot et al. 2021)."""
 
     def __init__(self, num_classes: int, input_shape: tuple[int, int, int], groups: int,
-                 width: int = 32, act: str = "tanh") -> None:
+                 width: int = 32, act: str = "tanh", norm: str = "group") -> None:
         super().__init__()
         c_in = input_shape[0]
         w1, w2 = width, 2 * width
         self.features = nn.Sequential(
-            nn.Conv2d(c_in, w1, 3, padding=1), group_norm(w1, groups, "features.1"), activation(act),
-            nn.Conv2d(w1, w2, 3, padding=1), group_norm(w2, groups, "features.4"), activation(act),
+            nn.Conv2d(c_in, w1, 3, padding=1), _norm(norm, w1, groups, "features.1"), activation(act),
+            nn.Conv2d(w1, w2, 3, padding=1), _norm(norm, w2, groups, "features.4"), activation(act),
             nn.AvgPool2d(2),
-            nn.Conv2d(w2, w2, 3, padding=1), group_norm(w2, groups, "features.8"), activation(act),
+            nn.Conv2d(w2, w2, 3, padding=1), _norm(norm, w2, groups, "features.8"), activation(act),
             nn.AdaptiveAvgPool2d(2),
         )
         self.classifier = nn.Linear(4 * w2, num_classes)
@@ -38,7 +47,8 @@ class TanhCNN(nn.Module):
     pad 2, max-pool 2 stride 1, conv 32 4x4 stride 2, max-pool 2 stride 1, linear 32, linear. About 26k
     parameters (28x28 inputs): one DP-SGD epoch over MNIST-sized data takes seconds on a CPU core."""
 
-    def __init__(self, num_classes: int, input_shape: tuple[int, int, int], groups: int, hidden: int = 32) -> None:
+    def __init__(self, num_classes: int, input_shape: tuple[int, int, int], groups: int, hidden: int = 32,
+                 norm: str = "group") -> None:
         super().__init__()
         c, h, w = input_shape
         sizes = []
@@ -49,9 +59,9 @@ class TanhCNN(nn.Module):
             raise ConfigError("model", f"tanh_cnn needs inputs of at least 16x16, the data's are {h}x{w}",
                               "use gn_cnn or mlp for small inputs")
         self.features = nn.Sequential(
-            nn.Conv2d(c, 16, 8, stride=2, padding=2), group_norm(16, groups, "features.1"), nn.Tanh(),
+            nn.Conv2d(c, 16, 8, stride=2, padding=2), _norm(norm, 16, groups, "features.1"), nn.Tanh(),
             nn.MaxPool2d(2, stride=1),
-            nn.Conv2d(16, 32, 4, stride=2), group_norm(32, groups, "features.5"), nn.Tanh(),
+            nn.Conv2d(16, 32, 4, stride=2), _norm(norm, 32, groups, "features.5"), nn.Tanh(),
             nn.MaxPool2d(2, stride=1),
         )
         self.classifier = nn.Sequential(nn.Linear(32 * sizes[0] * sizes[1], hidden), nn.Tanh(),
