@@ -121,16 +121,16 @@ def _trial(space: SearchSpace, plan: Any, tp: Any, params: dict[str, Any], seed:
             "val_raw": r.val_accuracy_raw, "diverged": r.diverged}
 
 
-def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
-    """One search exactly as ``dptune.search`` runs it (in-process), then the final run it prints."""
+def search_once(space: SearchSpace, plan: Any, tp: Any, key: int, trial: Any, n_train: int, n_val: int, *,
+                select_key: int, score_scale: float = 1.0) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+    """One search as ``dptune.search`` runs it (its draw, sampler and selection), every trial run by
+    ``trial(params, seed) -> dict`` (score, val_raw, diverged); its draw, trials and released params.
+    ``score_scale``: the noisy max's scale relative to the space's (a proxy with another validation size)."""
     from dptune._search.draw import make_draw
     from dptune.release import released_params, select_best, select_noisy_max
     from dptune.trials import TrialRow
 
-    space = space_for(mode, eps)
-    plan = plan_search(space, N_TRAIN, compare=False)
-    tp = plan_transfer(space, plan, final_n=N_FINAL)
-    draw = make_draw(space, plan.stopping, seed=7_919 * (seed + 1) + sum(map(ord, mode)))
+    draw = make_draw(space, plan.stopping, seed=key)
     trials: list[dict[str, Any]] = []
     if space.searcher == "tpe":
         import optuna
@@ -143,20 +143,31 @@ def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict
         study = optuna.create_study(direction="maximize", sampler=sampler)
         for t in draw.trials:
             ot = study.ask(fixed_distributions=dict(space.space))
-            trials.append(_trial(space, plan, tp, dict(ot.params), int(t["seed"]) % 2**63, data))
+            trials.append(trial(dict(ot.params), int(t["seed"]) % 2**63))
             s = trials[-1]["score"]
             study.tell(ot, s if math.isfinite(s) else -1.0)
     else:
         for t in draw.trials:
-            trials.append(_trial(space, plan, tp, dict(t["params"]), int(t["seed"]) % 2**63, data))
+            trials.append(trial(dict(t["params"]), int(t["seed"]) % 2**63))
     rows = [TrialRow(index=i, params=t["params"], seed="", score=t["score"], val_accuracy_raw=t["val_raw"],
                      diverged=t["diverged"]) for i, t in enumerate(trials)]
     if space.privacy.selection == "noisy_max":
-        best, _ = select_noisy_max(rows, gumbel_scale=float(space.privacy.score_noise or 0), n_val=N_VAL,
-                                   seed=91_367 * (seed + 1) + sum(map(ord, mode)))
+        best, _ = select_noisy_max(rows, gumbel_scale=float(space.privacy.score_noise or 0) * score_scale,
+                                   n_val=n_val, seed=select_key)
     else:
         best = select_best(rows)
-    params, _ = released_params(space, best, N_TRAIN, transfer=tp)
+    params, _ = released_params(space, best, n_train, transfer=tp)
+    return draw, trials, params
+
+
+def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
+    """One search exactly as ``dptune.search`` runs it (in-process), then the final run it prints."""
+    space = space_for(mode, eps)
+    plan = plan_search(space, N_TRAIN, compare=False)
+    tp = plan_transfer(space, plan, final_n=N_FINAL)
+    draw, trials, params = search_once(space, plan, tp, 7_919 * (seed + 1) + sum(map(ord, mode)),
+                                       lambda prm, sd: _trial(space, plan, tp, prm, sd, data), N_TRAIN, N_VAL,
+                                       select_key=91_367 * (seed + 1) + sum(map(ord, mode)))
     cfg = space.fixed.replace(**params)
     lr_sigma = tp.lr_times_sigma(cfg)
     out = _final(cfg, [plan.search_event], eps, merged, seed)  # σ calibrated as dptune.train does

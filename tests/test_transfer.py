@@ -117,3 +117,26 @@ def test_tune_anyway_runs_the_search_and_says_so(tmp_path: Path) -> None:
     for row in rows:
         m = json.loads(row["measured"])
         assert m["noise_std"] == pytest.approx(plan.points[0].noise_multiplier, rel=0.05)  # clip C = 1
+
+
+def test_the_verdict_prices_against_the_planner_baseline() -> None:
+    """mnist.yaml names the literature default (Opacus' MNIST example) as the config its search must beat: the
+    verdict's baseline is that config trained once with the whole budget, not the space's own default."""
+    space = load_space(ROOT / "search_spaces" / "mnist.yaml")
+    assert (space.baseline.batch_size, space.baseline.learning_rate, space.baseline.epochs) == (64, 0.1, 10.0)
+    assert space.default.batch_size == 256  # released when K = 0: another config
+    n_train, n_val = 8000, 1000
+    a = A.advise_transfer(space, n_train, n_val=n_val)
+    q = sampling_rate(batch_size=64, basis=n_train + n_val)
+    steps = trial_steps(epochs=10.0, batch_size=64, basis=n_train + n_val)
+    expected = A.calibrate_noise_multiplier([], sampling_rate=q, steps=steps, delta=1e-5, target_epsilon=2.0)
+    assert a.baseline_sigma == pytest.approx(expected, rel=1e-12)
+    own = A.advise_transfer(space, n_train, n_val=n_val, baseline=space.default)
+    assert own.baseline_sigma != pytest.approx(expected, rel=1e-3)
+    raw = yaml.safe_load((ROOT / "search_spaces" / "mnist.yaml").read_text())
+    raw["planner"]["baseline"] = {"seed": 3}
+    with pytest.raises(ConfigError, match="planner.baseline.seed: is not a hyperparameter"):
+        parse_space(raw)
+    raw["planner"]["baseline"] = {"batch_size": "large"}
+    with pytest.raises(ConfigError, match="planner.baseline.batch_size"):
+        parse_space(raw)

@@ -51,8 +51,9 @@ def verdict(space: SearchSpace, n_train: int, n_val: int, planned: tuple[Plan, T
     if a.pays:
         return
     if not tune_anyway:
-        raise ConfigError("--tune-anyway", "the planner does not expect this search to beat training the default "
-                          "config once with the whole budget (see its verdict above); nothing was charged",
+        raise ConfigError("--tune-anyway", "the planner does not expect this search to beat training the baseline "
+                          "config (planner.baseline, else the default) once with the whole budget (see its verdict "
+                          "above); nothing was charged",
                           "raise privacy.target_epsilon, widen privacy.search_share or the space, or pass "
                           "--tune-anyway (API: tune_anyway=True) to search anyway")
     say("  --tune-anyway: searching although the planner does not expect it to pay")

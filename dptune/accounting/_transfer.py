@@ -169,7 +169,8 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
                     ) -> TransferAdvice:
     """Price the search of ``space`` (one that plans its final run) at ``target_epsilon`` (default: the space's
     ``privacy.target_epsilon``), its final run on train ∪ validation (as ``dptune.search`` prints it), against
-    ``baseline`` (default: the space's own default; e.g. a literature default) trained once on the same
+    ``baseline`` (default: the space's ``planner.baseline``, e.g. the literature's default, else the space's own
+    default) trained once on the same
     examples with the whole budget. Priors default to the space's ``planner`` section (its proxy task).
     ``planned``: the search's plan and transfer when the caller has them (for this space and target)."""
     if not space.transfers:
@@ -193,7 +194,7 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
     else:
         plan = plan_search(space, n_train, compare=False)
         tp = plan_transfer(space, plan, final_n=final_n)
-    d = baseline or space.default
+    d = baseline or space.baseline
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
                                          steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)
