@@ -81,6 +81,7 @@ def check_space(s: SearchSpace) -> None:
     check_unit_interval("search.tune_fraction", s.tune_fraction, "choose e.g. 0.25, or 1 for off", include_one=True)
     check_privacy(s.privacy, public_validation=s.dataset.public_validation)
     _specs.check_augmentation(s.dataset.name, s.fixed.augmult, "augmult" in s.space)
+    _check_alc(s)
     check_adaptive(s)
 
 
@@ -208,3 +209,21 @@ def check_transfer(s: SearchSpace) -> None:
                           "planned by a search that plans its final run (its noise sits on the batch mean, so the "
                           "transfer lr = L·σ_f/σ_c does not carry over)", "use per-example clipping here, or remove "
                           "privacy.search_share and set the noise multiplier (fixed or searched)")
+
+
+def _check_alc(s: SearchSpace) -> None:
+    """Adaptive layerwise clipping needs its public data (``alc:``), and ``alc:`` is only for it; the public data is
+    never the private dataset itself (the ledger refuses one that overlaps any budgeted dataset at search time)."""
+    clipping = s.space.get("clipping")
+    modes = list(clipping.choices) if isinstance(clipping, od.CategoricalDistribution) else [s.fixed.clipping]
+    if "alc" in modes and s.alc is None:
+        raise ConfigError("alc", "clipping alc sets each layer's clip norm from a public dataset's gradient norms",
+                          "add alc: {public: {name: digits}} (a dataset declared public), or choose another clipping")
+    if s.alc is None:
+        return
+    if "alc" not in modes:
+        raise ConfigError("alc", "is set but no trial clips layerwise", "set fixed.clipping: alc, or remove alc")
+    pub, own = s.alc.public, s.dataset
+    if (pub.name, pub.path, pub.split) == (own.name, own.path, own.split):
+        raise ConfigError("alc.public", "is the private dataset itself: its gradient norms would set the clip norms",
+                          "name a dataset declared public (e.g. {name: digits}), disjoint from every budgeted one")

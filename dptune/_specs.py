@@ -16,6 +16,7 @@ validation is checked by ``dptune.dpsgd.validate_model`` before anything is char
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -244,3 +245,62 @@ class PlannerSpec:
             check_positive(f"planner.{key}", getattr(self, key), "give a prior measured on a public proxy task")
         if not (math.isfinite(self.min_gain) and self.min_gain >= 0):
             raise ConfigError("planner.min_gain", f"{self.min_gain!r} must be >= 0", "choose e.g. 0.005")
+
+
+def with_planner_baseline(planner: PlannerSpec, fields: Mapping[str, Any], coerce: Any) -> PlannerSpec:
+    """``planner`` with its baseline's values coerced to the config's field types (``fields``: TrialConfig's)."""
+    if planner.baseline is None:
+        return planner
+    for key in planner.baseline:
+        if key not in fields or key in ("seed", "sampling_basis", "layer_clip"):
+            raise ConfigError(f"planner.baseline.{key}", "is not a hyperparameter",
+                              "use the hyperparameters of space: (e.g. learning_rate, batch_size)")
+    return dataclasses.replace(planner, baseline={k: coerce(f"planner.baseline.{k}", v, fields[k].type)
+                                                  for k, v in planner.baseline.items()})
+
+
+@dataclass(frozen=True)
+class AlcSpec:
+    """Adaptive layerwise clipping (``fixed.clipping: alc``; van Dijk et al. 2023): one clip norm C_l per layer,
+    from the per-example gradient norms of a **public** dataset (the ``quantile`` of each layer's norms over at
+    most ``examples`` public examples, on the model's data-independent seed-0 initialisation), scaled so that
+    sqrt(Σ C_l²) = max_grad_norm. Computed before anything is charged, carried by every trial's config and the
+    release (``TrialConfig.layer_clip``); each example's clipped gradient then has norm <= max_grad_norm, so the
+    charge is flat clipping's."""
+
+    public: Any  # a DatasetSpec, declared public: it must overlap no budgeted dataset
+    quantile: float = 0.5
+    examples: int = 512
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.quantile, int | float) and 0 < self.quantile <= 1):
+            raise ConfigError("alc.quantile", f"{self.quantile!r} is not in (0, 1]", "choose e.g. 0.5 (the median)")
+        if isinstance(self.examples, bool) or not isinstance(self.examples, int) or self.examples < 2:
+            raise ConfigError("alc.examples", f"{self.examples!r} is not an integer >= 2", "choose e.g. 512")
+
+
+def parse_alc(raw: Any, parse_dataset: Any) -> AlcSpec | None:
+    """The ``alc:`` section (None when absent); ``parse_dataset`` turns the ``public`` mapping into a DatasetSpec."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or "public" not in raw:
+        raise ConfigError("alc", "must be a mapping with a public dataset", "write alc: {public: {name: digits}}")
+    unknown = sorted(set(raw) - {"public", "quantile", "examples"})
+    if unknown:
+        raise ConfigError(f"alc.{unknown[0]}", "unknown key", "use one of: public, quantile, examples")
+    try:
+        public = parse_dataset({"dataset": raw["public"]})
+    except ConfigError as e:
+        raise ConfigError(f"alc.public.{e.field.removeprefix('dataset.')}", e.problem, e.fix) from e
+    return AlcSpec(public=public, **{k: v for k, v in raw.items() if k != "public"})
+
+
+def check_layer_clip(layer_clip: Any, clipping: str) -> None:
+    if layer_clip is None:
+        return
+    if clipping != "alc":
+        raise ConfigError("layer_clip", "per-layer clip norms apply to clipping: alc only", "remove layer_clip")
+    if not isinstance(layer_clip, Mapping) or not layer_clip or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            and v > 0 for k, v in layer_clip.items()):
+        raise ConfigError("layer_clip", f"{layer_clip!r} is not layer: clip norm > 0", "let alc compute it")

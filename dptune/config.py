@@ -41,7 +41,7 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
 MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
 # batch: the batch's mean gradient clipped (sensitivity 2C; trains BatchNorm); the others clip each example's (C)
-CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost", "batch")
+CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost", "batch", "alc")  # alc: per-layer C_l
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,9 +76,11 @@ class TrialConfig:
     fix_batchnorm: bool = False
     # keyword arguments of the model's constructor or factory (YAML data only; see dptune._specs)
     model_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    layer_clip: dict[str, float] | None = None  # clipping alc: layer -> C_l, from public data (see _specs.AlcSpec)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_kwargs", copy.deepcopy(self.model_kwargs))  # a frozen config owns it
+        object.__setattr__(self, "layer_clip", None if self.layer_clip is None else copy.deepcopy(self.layer_clip))
         _check_trial(self)
 
     def replace(self, **changes: Any) -> TrialConfig:
@@ -150,6 +152,7 @@ def _check_trial(c: TrialConfig) -> None:
     if c.clipping not in CLIPPING_MODES:
         raise ConfigError("clipping", f"unknown clipping mode {c.clipping!r}",
                           f"use one of: {', '.join(CLIPPING_MODES)}")
+    _specs.check_layer_clip(c.layer_clip, c.clipping)
     if not isinstance(c.groups, int) or c.groups < 1:
         raise ConfigError("groups", f"{c.groups!r} must be a positive integer", "choose e.g. 4, 8, 16 or 32")
     check_positive("noise_multiplier", c.noise_multiplier, "choose sigma > 0, e.g. 1.0")
@@ -203,7 +206,7 @@ class DatasetSpec:
 # Fields added after releases were first written. A release, checkpoint or sealed run spec from before one
 # existed is read with it at its default, which is what ran then (no model kwargs, the official split, no
 # table); every other field must be present: a defaulted privacy or model setting would train something else.
-LATER_FIELDS = {"TrialConfig": ("model_kwargs",), "DatasetSpec": ("split", "download", "label", "features", "classes",
+LATER_FIELDS = {"TrialConfig": ("model_kwargs", "layer_clip"), "DatasetSpec": ("split", "download", "label", "features", "classes",
                                                                 "id_column"),
                 "PrivacySpec": ("search_share", "selection")}
 
@@ -254,6 +257,7 @@ class SearchSpace:
     tune_fraction: float = 1.0
     source: str | None = None
     planner: PlannerSpec = PlannerSpec()
+    alc: _specs.AlcSpec | None = None  # adaptive layerwise clipping: its public data (fixed.clipping: alc)
 
     @property
     def transfers(self) -> bool:
@@ -279,7 +283,7 @@ class SearchSpace:
         return self.fixed.replace(**dict(params), seed=seed)
 
 
-_TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search", "planner")
+_TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search", "planner", "alc")
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -322,16 +326,10 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     planner_raw = _section(raw, "planner", tuple(f.name for f in dataclasses.fields(PlannerSpec)))
     planner = PlannerSpec(**{k: coerce_value(f"planner.{k}", v, PlannerSpec.__dataclass_fields__[k].type)
                              for k, v in planner_raw.items()})
-    if planner.baseline is not None:
-        for key in planner.baseline:
-            if key not in TrialConfig.__dataclass_fields__ or key in ("seed", "sampling_basis"):
-                raise ConfigError(f"planner.baseline.{key}", "is not a hyperparameter",
-                                  "use the hyperparameters of space: (e.g. learning_rate, batch_size)")
-        planner = dataclasses.replace(planner, baseline={
-            k: coerce_value(f"planner.baseline.{k}", v, TrialConfig.__dataclass_fields__[k].type)
-            for k, v in planner.baseline.items()})
+    planner = _specs.with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
-                            privacy=privacy, source=source, planner=planner, **_parse_search(raw))
+                            privacy=privacy, source=source, planner=planner, **_parse_search(raw),
+                            alc=_specs.parse_alc(raw.get("alc"), _parse_dataset))
     check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)
     return space_obj
 

@@ -21,7 +21,7 @@ import optuna.distributions as od
 from dptune._search.draw import Draw, make_draw
 from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
 from dptune._search.options import RayOptions, check_auth_mode, check_token_file
-from dptune._search.precharge import validate_models, verdict
+from dptune._search.precharge import check_public, validate_models, verdict, with_layer_clip
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta
@@ -104,12 +104,15 @@ class _Prepared:
     spec: dict[str, Any]
     transfer: TransferPlan | None  # a search that plans its final run: σ_c, σ_f per (B, E), the scaled grid
     notes: tuple[str, ...] = ()  # what the clipping guard chose instead of auto's default mode
+    space: SearchSpace | None = None  # the space as it runs (alc: with its per-layer clip norms)
 
 
 def _prepare(req: SearchRequest) -> _Prepared:
     from dptune.data import load_dataset
 
     data = load_dataset(req.space.dataset)
+    if req.space.alc is not None:  # per-layer clip norms from the public data, before anything is checked or charged
+        req = dataclasses.replace(req, space=with_layer_clip(req.space, data))
     notes = validate_models(req.space, data)
     n_train = int(len(data.train[1]))
     # δ ≥ 1/n admits publishing one random example in the clear (n: the smaller, training split)
@@ -118,7 +121,7 @@ def _prepare(req: SearchRequest) -> _Prepared:
     # a search that plans its final run plans the one its printed dptune.train command makes: on train + validation
     transfer = None if not req.space.transfers else plan_transfer(
         req.space, plan, final_n=n_train + int(len(data.val[1])))
-    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), transfer, notes)
+    return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), transfer, notes, req.space)
 
 
 def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> list[str]:
@@ -297,7 +300,10 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     check_auth_mode()  # RAY_AUTH_MODE=disabled in the environment is refused before anything is charged
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
     p = _prepare(req)
+    req = dataclasses.replace(req, space=p.space or req.space)
     ledger = Ledger(req.ledger)
+    if req.space.alc is not None:
+        check_public(req.space, ledger)
     run = RunDir(req.run_dir)
     if req.seed is not None or os.environ.get("DPTUNE_TEST_DRAW_SEED") is not None:
         say("WARNING: fixed randomness (--seed or the test hook): K, the configs and all DP noise are "

@@ -1,6 +1,7 @@
 """What a search checks before anything is charged, beside the space's own rules: every model and clipping engine
 it can run (``dpsgd.validate_model`` and its clipping guard), and — for a search that plans its final run — the
-planner's verdict, priced with priors from the space's public proxy task."""
+planner's verdict, priced with priors from the space's public proxy task. Adaptive layerwise clipping's per-layer
+clip norms are computed here too, from the space's public data only (``with_layer_clip``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dptune.accounting import Plan, TransferPlan, advise_transfer
 from dptune.config import SearchSpace
 from dptune.errors import ConfigError
 
-__all__ = ["validate_models", "verdict"]
+__all__ = ["check_public", "validate_models", "verdict", "with_layer_clip"]
 
 
 def validate_models(space: SearchSpace, data: Any) -> tuple[str, ...]:
@@ -57,3 +58,34 @@ def verdict(space: SearchSpace, n_train: int, n_val: int, planned: tuple[Plan, T
                           "raise privacy.target_epsilon, widen privacy.search_share or the space, or pass "
                           "--tune-anyway (API: tune_anyway=True) to search anyway")
     say("  --tune-anyway: searching although the planner does not expect it to pay")
+
+
+def with_layer_clip(space: SearchSpace, data: Any) -> SearchSpace:
+    """``space`` with every config's per-layer clip norms (``TrialConfig.layer_clip``) computed from its public
+    data (``alc:``), resized to the private data's input shape: a function of the public data and the model's
+    seed-0 initialisation only. The private ``data`` gives its shape and class count, both public by declaration
+    (the space's dataset and model are built for them)."""
+    import dataclasses
+
+    from dptune.dpsgd import layer_constants, public_examples
+
+    assert space.alc is not None
+    public = public_examples(space.alc.public, tuple(data.input_shape))
+    clip = layer_constants(space.fixed, public, data.num_classes, space.alc.quantile, space.alc.examples)
+    return dataclasses.replace(space, fixed=space.fixed.replace(layer_clip=clip),
+                               default=space.default.replace(layer_clip=clip))
+
+
+def check_public(space: SearchSpace, ledger: Any) -> None:
+    """A dataset declared public for alc holds no record of any budgeted dataset (the ledger's record ids and
+    content digests): otherwise its gradient norms would be a statistic of private data, used un-noised."""
+    from dptune.data import load_dataset
+    from dptune.ledger import budget_match
+
+    assert space.alc is not None
+    public = load_dataset(space.alc.public)
+    found = budget_match(ledger, public, public.pool_fingerprint())
+    if found.overlapped or found.near:
+        raise ConfigError("alc.public", "holds records of a budgeted dataset (" + "; ".join(
+            ledger.label(k) for k in [*found.overlapped, *found.near]) + "): it is not public",
+            "declare a dataset that no budget covers as alc.public")

@@ -8,10 +8,12 @@ Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-s
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
 checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step),
+``_alc`` (adaptive layerwise clipping's per-layer clip norms, from public data only),
 ``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit``
 uses them).
 """
 
+from dptune.dpsgd._alc import layer_constants, public_examples
 from dptune.dpsgd._audit import BUGS, AuditHooks
 from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, Engine, engine_mode, make_engine, resolve_clipping
@@ -33,9 +35,11 @@ __all__ = [
     "TrialStreams",
     "engine_mode",
     "init_model",
+    "layer_constants",
     "load_model",
     "make_engine",
     "padded_size",
+    "public_examples",
     "resolve_clipping",
     "run_trial",
     "save_model",

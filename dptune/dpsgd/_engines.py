@@ -21,6 +21,7 @@ from torch.nn.grad import conv2d_weight
 
 from dptune._params import BATCH_CLIPPING, sampling_rate
 from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._optim import (
     BatchClipDPOptimizer,
     ClippingDPOptimizer,
@@ -33,7 +34,7 @@ from dptune.dpsgd._optim import (
 
 __all__ = ["AUTO_CLIPPING", "ENGINE_MODES", "Engine", "engine_mode", "make_engine", "resolve_clipping"]
 
-ENGINE_MODES = ("bookkeeping", "hooks", "functorch", "ghost", BATCH_CLIPPING)  # what make_engine builds
+ENGINE_MODES = ("bookkeeping", "hooks", "functorch", "ghost", BATCH_CLIPPING, "alc")  # what make_engine builds
 
 # "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14, opacus 1.6, bench/step_overhead.py
 # --quick, DP step / non-private step): gn_cnn B=256: bookkeeping 2.17x, hooks 3.54x, functorch 3.69x,
@@ -159,6 +160,11 @@ class VmapEngine(Engine):
         for p, g in zip(self.params, grads, strict=True):
             p.grad_sample = g[:n_real]  # type: ignore[attr-defined]
         return losses.detach()[:n_real].sum()
+
+
+class LayerwiseEngine(VmapEngine):
+    """Adaptive layerwise clipping: whole-model vmap per-example gradients (exact for any model), each example's
+    gradient clipped layer by layer to the config's C_l (``ClippingDPOptimizer.layer_clip``; see ``_alc``)."""
 
 
 class GhostEngine(Engine):
@@ -357,6 +363,14 @@ def make_engine(mode: str, model: nn.Module, config: TrialConfig, noise: torch.G
         opt = ClippingDPOptimizer(base, **kw)
         opt.meter = meter
         engine = HooksEngine(model, opt) if mode == "hooks" else VmapEngine(model, opt)
+    elif mode == "alc":
+        if config.layer_clip is None:
+            raise ConfigError("layer_clip", "clipping alc has no per-layer clip norms", "give the space an alc: "
+                              "section (dptune.search computes them from its public data before anything runs)")
+        layered = ClippingDPOptimizer(base, **kw)
+        layered.meter = meter
+        layered.layer_clip = layer_clip_norms(model, config.layer_clip)
+        engine = LayerwiseEngine(model, layered)
     elif mode == BATCH_CLIPPING:
         batch = BatchClipDPOptimizer(base, **kw)
         batch.meter = meter
@@ -368,4 +382,4 @@ def make_engine(mode: str, model: nn.Module, config: TrialConfig, noise: torch.G
 
 def engine_mode(engine: Engine) -> str:
     return {HooksEngine: "hooks", VmapEngine: "functorch", GhostEngine: "ghost",
-            BookKeepingEngine: "bookkeeping", BatchClipEngine: BATCH_CLIPPING}[type(engine)]
+            BookKeepingEngine: "bookkeeping", BatchClipEngine: BATCH_CLIPPING, LayerwiseEngine: "alc"}[type(engine)]

@@ -45,6 +45,7 @@ from torch import nn
 
 from dptune._params import BATCH_CLIPPING
 from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._engines import Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.models import build_model
@@ -110,6 +111,17 @@ def _reference(build: Build, x: torch.Tensor, y: torch.Tensor, views: int) -> li
     return out
 
 
+def _clip_layers(grads: list[torch.Tensor], index: list[int], clip: list[float]) -> list[torch.Tensor]:
+    """One example's gradient clipped layer by layer (each layer's parameters jointly to its C_l)."""
+    out = list(grads)
+    for layer, c in enumerate(clip):
+        cols = [j for j, k in enumerate(index) if k == layer]
+        n = _norm([grads[j] for j in cols])
+        for j in cols:
+            out[j] = grads[j] * min(1.0, c / (n + 1e-6))
+    return out
+
+
 def _norm(ts: list[torch.Tensor]) -> float:
     return float(torch.sqrt(sum((t.double() ** 2).sum() for t in ts)))  # type: ignore[arg-type]
 
@@ -158,6 +170,11 @@ class _Probe:
         self.c = 0.5 * min(positive) if positive else 1.0  # every example clipped
         self.clip = [[g * min(1.0, self.c / (n + 1e-6)) for g in r] for r, n in zip(ref, norms, strict=True)]
         self.config = config.replace(max_grad_norm=self.c)
+        if config.layer_clip is not None:  # alc: the reference clips layer by layer, C_l scaled with C
+            scaled = {k: v * self.c / config.max_grad_norm for k, v in config.layer_clip.items()}
+            index, clip = layer_clip_norms(build(), scaled)
+            self.clip = [_clip_layers(r, index, clip) for r in ref]
+            self.config = self.config.replace(layer_clip=scaled)
         self._results: dict[str, ProbeResult] = {}
 
     def run(self, mode: str) -> ProbeResult:
@@ -270,7 +287,7 @@ def _guarded(key: str, mode: str, num_classes: int, input_shape: tuple[int, ...]
     result = probe.run(mode)
     if result.exact:
         return mode, None
-    if mode == EXACT:
+    if mode in (EXACT, "alc"):  # alc runs whole-model vmap too: nothing more exact to fall back to
         raise ConfigError("model", f"even per-example functorch gradients do not match the per-example reference "
                           f"({result.failure})", "make every output depend on its own input only (no statistics "
                           "across the batch, no randomness in forward)")

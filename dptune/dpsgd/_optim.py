@@ -71,21 +71,49 @@ def zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.where(rows.view(-1, *([1] * (t.dim() - 1))), 0.0, t)
 
 
+def _layer_factors(norms: torch.Tensor, layers: tuple[list[int], list[float]]
+                   ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Per-parameter clip factors for layerwise clipping: ``norms`` (examples x parameters); ``layers``: each
+    parameter's layer index and each layer's C_l. A layer's parameters share one factor, from their joint norm."""
+    index, clip = layers
+    per_layer: list[torch.Tensor] = []
+    dropped = torch.zeros(norms.shape[0], dtype=torch.bool, device=norms.device)
+    for layer, c in enumerate(clip):
+        cols = [j for j, k in enumerate(index) if k == layer]
+        factors, drop = clip_factors(norms[:, cols].norm(2, 1), c)
+        per_layer.append(factors)
+        if drop is not None:
+            dropped |= drop
+    if bool(dropped.any()):  # an example with any non-finite layer contributes zero, every layer
+        per_layer = [torch.where(dropped, 0.0, f) for f in per_layer]
+        return [per_layer[k] for k in index], dropped
+    return [per_layer[k] for k in index], None
+
+
 class ClippingDPOptimizer(DPOptimizer):
     """DPOptimizer for per-sample gradients (hooks, functorch): non-finite examples dropped, noise measured."""
 
     meter: NoiseMeter | None = None
+    # adaptive layerwise clipping: each parameter's layer index, each layer's C_l (sqrt(Σ C_l²) = max_grad_norm)
+    layer_clip: tuple[list[int], list[float]] | None = None
 
     def clip_and_accumulate(self) -> None:
-        # Opacus 1.6 DPOptimizer.clip_and_accumulate, with clip_factors in place of its factor formula.
+        # Opacus 1.6 DPOptimizer.clip_and_accumulate, with clip_factors in place of its factor formula; with
+        # layer_clip, one factor per layer (its parameters' joint per-example norm against its C_l), and an example
+        # with any non-finite layer contributes zero
         grad_samples = self.grad_samples
         if len(grad_samples[0]) == 0:  # an empty Poisson batch
-            factors, drop = torch.zeros((0,), device=grad_samples[0].device), None
+            per_param = [torch.zeros((0,), device=grad_samples[0].device)] * len(self.params)
+            drop = None
         else:
             dev = grad_samples[0].device
-            norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=-1).to(dev) for g in grad_samples], 1).norm(2, 1)
-            factors, drop = clip_factors(norms, self.max_grad_norm)
-        for p in self.params:
+            norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=-1).to(dev) for g in grad_samples], 1)
+            if self.layer_clip is None:
+                factors, drop = clip_factors(norms.norm(2, 1), self.max_grad_norm)
+                per_param = [factors] * len(self.params)
+            else:
+                per_param, drop = _layer_factors(norms, self.layer_clip)
+        for p, factors in zip(self.params, per_param, strict=True):
             _check_processed_flag(p.grad_sample)
             gs = self._get_flat_grad_sample(p).to(p.dtype)
             if drop is not None:
