@@ -61,7 +61,7 @@ from dptune.config import SearchSpace, parse_space  # noqa: E402
 
 GRID = ((64, 0.1), (256, 0.4), (256, 1.6), (1024, 3.2))  # (B, lr) at 10 epochs, groups 4; (a) first
 SPACES = {"R": "mnist.yaml", "R2": "mnist.yaml", "T": "mnist_tpe.yaml", "S": "mnist_scaled.yaml",
-          "m": "mnist_scaled.yaml"}
+          "m": "mnist_scaled.yaml", "A": "mnist_alc.yaml"}
 # R2: mnist.yaml's random search with the batch sizes and learning rates fixed from split seeds 0-20 and the digits
 # proxy, after R released B 64 with lr 3.6 on split seed 0 (61 % at total ε 2): the transfer gives a trial r times
 # less gradient signal than its final run, so a large lr at a small batch looks fine in the trials and is unstable
@@ -160,14 +160,20 @@ def search_once(space: SearchSpace, plan: Any, tp: Any, key: int, trial: Any, n_
     return draw, trials, params
 
 
-def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
-    """One search exactly as ``dptune.search`` runs it (in-process), then the final run it prints."""
+def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any, key: str | None = None) -> dict[str, Any]:
+    """One search exactly as ``dptune.search`` runs it (in-process), then the final run it prints. ``key``: the
+    mode whose draw and selection randomness it shares (paired modes: default its own)."""
     space = space_for(mode, eps)
+    if space.alc is not None:  # per-layer clip norms from the public data, as dptune.search computes them
+        from dptune._search.precharge import with_layer_clip
+
+        space = with_layer_clip(space, data)
     plan = plan_search(space, N_TRAIN, compare=False)
     tp = plan_transfer(space, plan, final_n=N_FINAL)
-    draw, trials, params = search_once(space, plan, tp, 7_919 * (seed + 1) + sum(map(ord, mode)),
+    k = sum(map(ord, key or mode))
+    draw, trials, params = search_once(space, plan, tp, 7_919 * (seed + 1) + k,
                                        lambda prm, sd: _trial(space, plan, tp, prm, sd, data), N_TRAIN, N_VAL,
-                                       select_key=91_367 * (seed + 1) + sum(map(ord, mode)))
+                                       select_key=91_367 * (seed + 1) + k)
     cfg = space.fixed.replace(**params)
     lr_sigma = tp.lr_times_sigma(cfg)
     out = _final(cfg, [plan.search_event], eps, merged, seed)  # σ calibrated as dptune.train does

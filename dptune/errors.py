@@ -58,3 +58,12 @@ def check_delta(field: str, delta: Any, n: float | None = None) -> float:
                           "publishes a random example in the clear meets such a δ",
                           f"choose δ < {1.0 / n:.3g}, e.g. {10 ** math.floor(math.log10(0.1 / n)):g}")
     return d
+
+
+def python_m(module: str) -> str:
+    """``<this interpreter> -m <module>``: a printed command that runs as printed from any shell, even one where
+    ``python`` is another interpreter without dptune's packages (e.g. outside the venv)."""
+    import shlex
+    import sys
+
+    return f"{shlex.quote(sys.executable or 'python')} -m {module}"

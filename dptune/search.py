@@ -18,7 +18,7 @@ from typing import Any
 from dptune._cli import callable_module, run_cli
 from dptune._search.driver import SearchRequest
 from dptune.config import ACCOUNTING_MODES, SEARCHERS, SearchSpace, check_space, load_space
-from dptune.errors import ConfigError, check_unit_interval
+from dptune.errors import ConfigError, check_unit_interval, python_m
 
 __all__ = ["main"]
 
@@ -172,7 +172,7 @@ def resume_command(argv: list[str], name: str) -> str:
     tokens = [t for t in argv if t != "--resume"]
     if not any(t == "--name" or t.startswith("--name=") for t in tokens):
         tokens += ["--name", name]
-    return "python -m dptune.search " + shlex.join([*tokens, "--resume"])
+    return python_m("dptune.search") + " " + shlex.join([*tokens, "--resume"])
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
@@ -217,10 +217,10 @@ def _print_release(req: SearchRequest, out: Any) -> None:
     print(f"  files:  {rel}/best_config.yaml, {rel}/certificate.json")
     target = req.space.privacy.target_epsilon
     if target is not None and target > out.epsilon:
-        print(f"  next:   python -m dptune.train --release {rel} --out {out.run.root}/final --target-epsilon "
+        print(f"  next:   {python_m('dptune.train')} --release {rel} --out {out.run.root}/final --target-epsilon "
               f"{target:g} --train-on-validation   (final training calibrated so search + training <= epsilon {target:g})")
     else:
-        print(f"  next:   python -m dptune.train --release {rel} --out {out.run.root}/final --target-epsilon E "
+        print(f"  next:   {python_m('dptune.train')} --release {rel} --out {out.run.root}/final --target-epsilon E "
               "(E = your total budget for search + final training)")
 
 

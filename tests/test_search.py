@@ -6,6 +6,7 @@ import json
 import math
 import re
 import stat
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -104,7 +105,7 @@ def test_tiny_search_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) ->
         assert '"k"' not in f.read_text().lower()
     _no_k(r.stdout, k)
     assert "127.0.0.1" in r.stdout  # dashboard on loopback, URL printed
-    assert "next:   python -m dptune.train --release" in r.stdout
+    assert f"next:   {sys.executable} -m dptune.train --release" in r.stdout  # runs as printed, in any shell
     # the Ray session lived in an owner-only temp dir, removed afterwards, not in world-readable /tmp/ray
     assert not any(Path("/tmp/ray").glob("session_*")) or all(
         p.stat().st_mtime < charge.created for p in Path("/tmp/ray").glob("session_2*"))

@@ -151,7 +151,7 @@ def test_a_factory_failing_on_the_workers_stops_with_the_charge_reserved_and_res
     assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
     assert "the model factory cannot run on this node" in (run / "sealed" / "logs" / "trials.log").read_text()
     command = r.stderr.split("continue with: ", 1)[1].strip()
-    assert command.startswith("python -m dptune.search ") and command.endswith(" --resume"), command
+    assert command.startswith(f"{sys.executable} -m dptune.search ") and command.endswith(" --resume"), command
 
     (code / "brokenmodels.py").write_text(BROKEN_NET.replace("raise RuntimeError", "pass  #"))
     again = subprocess.run([sys.executable, *command.split()[1:]], capture_output=True, text=True, env=env,
@@ -204,7 +204,7 @@ def test_a_killed_head_raylet_says_where_the_charge_stands_and_resumes(tmp_path:
     assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
     assert not (run / "release" / "best_config.yaml").exists()
     command = err.split("Continue with: ", 1)[1].strip()
-    assert command.startswith("python -m dptune.search ") and command.endswith(" --resume"), command
+    assert command.startswith(f"{sys.executable} -m dptune.search ") and command.endswith(" --resume"), command
     again = _run(tmp_path, command.split()[1:], env)
     assert again.returncode == 0, again.stdout + again.stderr
     _finished_the_draw(tmp_path, "raylet")
@@ -243,7 +243,7 @@ def test_an_unwritable_run_folder_after_the_reservation_says_where_the_charge_st
     assert "could not be written" in r.stderr and "stays reserved" in r.stderr, r.stderr
     assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
     command = r.stderr.split("continue with: ", 1)[1].strip()
-    assert command == "python -m dptune.search " + " ".join(args[2:]), command
+    assert command == f"{sys.executable} -m dptune.search " + " ".join(args[2:]), command
     for b in blockers:
         b.rmdir()
     again = _run(tmp_path, command.split()[1:], _env(isolated_env))

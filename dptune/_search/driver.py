@@ -24,7 +24,7 @@ from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune._search.precharge import check_public, validate_models, verdict, with_layer_clip
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
-from dptune.errors import ConfigError, check_delta
+from dptune.errors import ConfigError, check_delta, python_m
 from dptune.ledger import Charge, Ledger, adopt_ids, budget_match, open_budget
 from dptune.release import (
     day_of,
@@ -143,7 +143,7 @@ def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable
             say("  this data overlaps several budgeted datasets; each is charged: "
                 + "; ".join(ledger.label(k) for k in found.overlapped))
         return found.overlapped
-    fix = (f"open its budget explicitly: python -m dptune.ledger new-budget --ledger {ledger.path} "
+    fix = (f"open its budget explicitly: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} "
            f"--space {req.space.source or 'SPACE'} --epsilon E --delta D (it lists the existing budgets)")
     if found.overlapped:
         raise ConfigError("budget", "this data holds records of the budgeted "

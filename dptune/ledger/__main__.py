@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dptune._cli import run_cli
-from dptune.errors import ConfigError, check_delta, check_positive
+from dptune.errors import ConfigError, check_delta, check_positive, python_m
 from dptune.ledger import Ledger, budget_key, budget_match, default_ledger_path, open_budget
 
 
@@ -79,7 +79,7 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
     key = budget_key(ledger, data)
     if ledger.budget(key) is not None:
         raise ConfigError("--space", f"these very records already have a budget: {ledger.label(key)}",
-                          f"change it with python -m dptune.ledger set-budget --dataset-id {ledger.dataset_id(key)}")
+                          f"change it with {python_m('dptune.ledger')} set-budget --dataset-id {ledger.dataset_id(key)}")
     found = budget_match(ledger, data, data.pool_fingerprint())
     budgets = [d for d in _show(ledger) if d["dataset_id"]]
     print(f"existing budgets ({len(budgets)}):" if budgets else "no budgets yet")

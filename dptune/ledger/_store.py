@@ -35,7 +35,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budget parameter here
 from dptune.accounting import event_from_json, event_to_json
-from dptune.errors import ConfigError, check_delta, check_positive
+from dptune.errors import ConfigError, check_delta, check_positive, python_m
 
 __all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_sha256"]
 
@@ -240,7 +240,7 @@ class Ledger:
                           (str(dataset_id), str(dataset_id)))
         if not rows:
             raise ConfigError("--dataset-id", f"no budget in {self.path} has the id {str(dataset_id)[:40]!r}",
-                              f"give a dataset id that `python -m dptune.ledger show --ledger {self.path}` lists "
+                              f"give a dataset id that `{python_m('dptune.ledger')} show --ledger {self.path}` lists "
                               "(a new dataset's budget is opened with `python -m dptune.ledger new-budget`)")
         return str(rows[0][0])
 
@@ -301,7 +301,7 @@ class Ledger:
                           (fingerprint,)).fetchone()
         if row is None:
             raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
-                              f"open one: python -m dptune.ledger new-budget --ledger {self.path} --space SPACE "
+                              f"open one: {python_m('dptune.ledger')} new-budget --ledger {self.path} --space SPACE "
                               "--epsilon E --delta D (or pass --budget-epsilon)")
         budget_eps, budget_delta = float(row[0]), float(row[1])
         name_of = f"{row[2] or 'dataset'} (id {row[3]})"
@@ -310,7 +310,7 @@ class Ledger:
             raise BudgetExceeded(
                 "budget.delta", f"the budget of {name_of} has δ = {budget_delta:g}, not below 1/n = "
                 f"{1.0 / smallest_n:.3g}: a mechanism that publishes a random example in the clear meets it",
-                f"lower it: python -m dptune.ledger set-budget --ledger {self.path} --dataset-id {row[3]} "
+                f"lower it: {python_m('dptune.ledger')} set-budget --ledger {self.path} --dataset-id {row[3]} "
                 f"--epsilon {budget_eps:g} --delta {10 ** math.floor(math.log10(0.1 / smallest_n)):g}")
         spent = self._spent(con, fingerprint)
         total_eps = composed_epsilon([*spent, event], budget_delta)
@@ -321,7 +321,7 @@ class Ledger:
                 f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
                 f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
                 "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
-                "noise) or raise the budget with `python -m dptune.ledger set-budget`",
+                f"noise) or raise the budget with `{python_m('dptune.ledger')} set-budget`",
             )
         eps_alone = composed_epsilon([event], budget_delta)
         cur = con.execute(
