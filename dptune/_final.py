@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dptune._params import clip_sensitivity, sampling_rate, trial_steps
+from dptune import clipping
+from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
 from dptune.certificate import Certificate, guarantee, verify_binding
 from dptune.config import DatasetSpec, TrialConfig, later_defaults
@@ -192,7 +193,7 @@ def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple
         config = config.replace(epochs=float(req.epochs))
     q = sampling_rate(batch_size=config.batch_size, basis=n)
     steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
-    sensitivity = clip_sensitivity(config.clipping)  # batch clipping: one example moves the step by 2C
+    sensitivity = clipping.sensitivity(config.clipping)  # batch clipping: one example moves the step by 2C
     if req.target_epsilon is not None:
         try:
             sigma = calibrate_noise_multiplier([e for _, e in cert.events], sampling_rate=q, steps=steps,

@@ -12,9 +12,7 @@ import math
 
 from dptune.errors import ConfigError, check_positive
 
-__all__ = ["BATCH_CLIPPING", "clip_sensitivity", "sampling_rate", "trial_steps"]
-
-BATCH_CLIPPING = "batch"
+__all__ = ["sampling_rate", "trial_steps"]
 
 
 def sampling_rate(*, batch_size: int, basis: float) -> float:
@@ -36,11 +34,3 @@ def trial_steps(*, epochs: float, batch_size: int, basis: float) -> int:
     sampling_rate(batch_size=batch_size, basis=basis)
     return max(1, math.ceil(epochs * basis / batch_size - 1e-9))
 
-
-def clip_sensitivity(clipping: str) -> float:
-    """How far one example can move what the noise is added to, in units of the clip norm C: per-example clipping
-    (every other mode) bounds each example's own clipped gradient by C; batch clipping clips the batch's *mean*
-    gradient to C, and the means with and without one example (Poisson add/remove) both lie in the ball of radius
-    C, so they differ by up to 2C. A step adding N(0, (σ·C)²) is therefore charged as a Poisson-subsampled
-    Gaussian with noise multiplier σ / clip_sensitivity (van Dijk et al. 2023, arXiv 2307.11939)."""
-    return 2.0 if clipping == BATCH_CLIPPING else 1.0

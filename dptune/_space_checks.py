@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import optuna.distributions as od
 
 from dptune import searchers as _searchers
+from dptune.clipping import mode as clipping_mode
 from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
 
 if TYPE_CHECKING:  # config imports this module: types only
@@ -204,7 +205,8 @@ def check_transfer(s: SearchSpace) -> None:
         raise ConfigError("search.tune_fraction", "a search that plans its final run runs on the full training "
                           "split", "remove search.tune_fraction")
     clipping = s.space.get("clipping")
-    if "batch" in (list(clipping.choices) if isinstance(clipping, od.CategoricalDistribution) else [s.fixed.clipping]):
+    if any(not clipping_mode(str(m)).per_example
+           for m in (clipping.choices if isinstance(clipping, od.CategoricalDistribution) else [s.fixed.clipping])):
         raise ConfigError("space.clipping" if "clipping" in s.space else "fixed.clipping", "batch clipping is not "
                           "planned by a search that plans its final run (its noise sits on the batch mean, so the "
                           "transfer lr = L·σ_f/σ_c does not carry over)", "use per-example clipping here, or remove "
@@ -216,12 +218,13 @@ def _check_alc(s: SearchSpace) -> None:
     never the private dataset itself (the ledger refuses one that overlaps any budgeted dataset at search time)."""
     clipping = s.space.get("clipping")
     modes = list(clipping.choices) if isinstance(clipping, od.CategoricalDistribution) else [s.fixed.clipping]
-    if "alc" in modes and s.alc is None:
+    layerwise = any(clipping_mode(str(m)).layerwise for m in modes)
+    if layerwise and s.alc is None:
         raise ConfigError("alc", "clipping alc sets each layer's clip norm from a public dataset's gradient norms",
                           "add alc: {public: {name: digits}} (a dataset declared public), or choose another clipping")
     if s.alc is None:
         return
-    if "alc" not in modes:
+    if not layerwise:
         raise ConfigError("alc", "is set but no trial clips layerwise", "set fixed.clipping: alc, or remove alc")
     pub, own = s.alc.public, s.dataset
     if (pub.name, pub.path, pub.split) == (own.name, own.path, own.split):

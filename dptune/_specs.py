@@ -298,7 +298,9 @@ def parse_alc(raw: Any, parse_dataset: Any) -> AlcSpec | None:
 def check_layer_clip(layer_clip: Any, clipping: str) -> None:
     if layer_clip is None:
         return
-    if clipping != "alc":
+    from dptune.clipping import mode
+
+    if not mode(clipping).layerwise:
         raise ConfigError("layer_clip", "per-layer clip norms apply to clipping: alc only", "remove layer_clip")
     if not isinstance(layer_clip, Mapping) or not layer_clip or not all(
             isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

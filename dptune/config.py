@@ -16,7 +16,7 @@ from typing import Any
 import optuna.distributions as od
 import yaml
 
-from dptune import _specs
+from dptune import _specs, clipping
 from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
 from dptune._space_checks import (
     ACCOUNTING_MODES,
@@ -40,8 +40,7 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
 
 MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
-# batch: the batch's mean gradient clipped (sensitivity 2C; trains BatchNorm); the others clip each example's (C)
-CLIPPING_MODES = ("auto", "bookkeeping", "hooks", "functorch", "ghost", "batch", "alc")  # alc: per-layer C_l
+CLIPPING_MODES = clipping.choices()  # the registry's (dptune.clipping), with auto
 
 
 # --------------------------------------------------------------------------------------------------
@@ -149,9 +148,7 @@ def _check_trial(c: TrialConfig) -> None:
     _specs.check_model_kwargs(c.model_kwargs)
     if c.optimizer not in OPTIMIZERS:
         raise ConfigError("optimizer", f"unknown optimizer {c.optimizer!r}", f"use one of: {', '.join(OPTIMIZERS)}")
-    if c.clipping not in CLIPPING_MODES:
-        raise ConfigError("clipping", f"unknown clipping mode {c.clipping!r}",
-                          f"use one of: {', '.join(CLIPPING_MODES)}")
+    clipping.mode(c.clipping)  # a registered mode, or ConfigError naming clipping and listing them
     _specs.check_layer_clip(c.layer_clip, c.clipping)
     if not isinstance(c.groups, int) or c.groups < 1:
         raise ConfigError("groups", f"{c.groups!r} must be a positive integer", "choose e.g. 4, 8, 16 or 32")

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import optuna.distributions as od
 from dp_accounting import dp_event as de
 
-from dptune._params import clip_sensitivity, sampling_rate, trial_steps
+from dptune import clipping
+from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._amplify import check_fraction
 from dptune.accounting._calibrate import calibrate_tight
@@ -30,7 +31,7 @@ SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP se
 @dataclass(frozen=True, order=True, kw_only=True)
 class TrialPoint:
     """Privacy parameters of one reachable trial; ``noise_multiplier`` per unit of sensitivity (the σ a trial adds
-    over ``dptune._params.clip_sensitivity`` of its clipping mode: batch clipping's σ/2)."""
+    over ``dptune.clipping.sensitivity`` of its clipping mode: batch clipping's σ/2)."""
 
     noise_multiplier: float
     sampling_rate: float
@@ -44,7 +45,7 @@ class TrialPoint:
 
 def _sigma_values(space: SearchSpace, sigma_low: float | None) -> list[float]:
     """The worst-case σ per unit of sensitivity: the smallest σ the space reaches over its largest clipping
-    sensitivity (batch clipping: 2C, ``dptune._params.clip_sensitivity``)."""
+    sensitivity (batch clipping: 2C, ``dptune.clipping.sensitivity``)."""
     dist = space.space.get("noise_multiplier")
     if sigma_low is not None:
         return [sigma_low]
@@ -214,7 +215,7 @@ def sigma_floor(space: SearchSpace, n_train: int, *, target_epsilon: float,
 
 def clipping_sensitivity(space: SearchSpace) -> float:
     """The largest clipping sensitivity (in units of C) any trial of ``space`` can have."""
-    return max(clip_sensitivity(str(c)) for c in _values(space, "clipping"))
+    return max(clipping.sensitivity(str(c)) for c in _values(space, "clipping"))
 
 
 def transfer_trial_sigma(space: SearchSpace, n_train: int) -> float:

@@ -13,10 +13,12 @@ checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synt
 uses them).
 """
 
+# the engines of batch clipping and layerwise clipping register on import (dptune.dpsgd._engines.ENGINES)
 from dptune.dpsgd._alc import layer_constants, public_examples
 from dptune.dpsgd._audit import BUGS, AuditHooks
+from dptune.dpsgd._batchclip import BatchClipEngine
 from dptune.dpsgd._charge import ChargeMismatch
-from dptune.dpsgd._engines import AUTO_CLIPPING, Engine, engine_mode, make_engine, resolve_clipping
+from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import load_model, save_model
@@ -27,8 +29,10 @@ from dptune.dpsgd._validate import validate_model
 __all__ = [
     "AUTO_CLIPPING",
     "BUGS",
+    "BatchClipEngine",
     "AuditHooks",
     "ChargeMismatch",
+    "ENGINES",
     "Engine",
     "ScoreRelease",
     "TrialResult",

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._engines import Engine, VmapEngine, engine
+from dptune.dpsgd._optim import ClippingDPOptimizer
 
-__all__ = ["layer_clip_norms", "layer_constants", "layer_of", "public_examples", "resized"]
+__all__ = ["LayerwiseEngine", "layer_clip_norms", "layer_constants", "layer_of", "public_examples", "resized"]
 
 
 def layer_of(name: str) -> str:
@@ -99,3 +101,18 @@ def public_examples(spec: Any, shape: tuple[int, ...]) -> tuple[torch.Tensor, to
 
     data = load_dataset(spec)
     return resized(data.train[0], shape), data.train[1]
+
+
+@engine("alc")
+class LayerwiseEngine(VmapEngine):
+    """Adaptive layerwise clipping: whole-model vmap per-example gradients (exact for any model), each example's
+    gradient clipped layer by layer to the config's C_l (``ClippingDPOptimizer.layer_clip``; see ``_alc``)."""
+
+    @classmethod
+    def build(cls, model: nn.Module, base: torch.optim.Optimizer, kw: dict[str, Any], config: TrialConfig) -> Engine:
+        if config.layer_clip is None:
+            raise ConfigError("layer_clip", "clipping alc has no per-layer clip norms", "give the space an alc: "
+                              "section (dptune.search computes them from its public data before anything runs)")
+        opt = ClippingDPOptimizer(base, **kw)
+        opt.layer_clip = layer_clip_norms(model, config.layer_clip)
+        return cls(model, opt)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +20,10 @@ from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 from torch.nn.grad import conv2d_weight
 
-from dptune._params import BATCH_CLIPPING, sampling_rate
+from dptune import clipping
+from dptune._params import sampling_rate
 from dptune.config import ConfigError, TrialConfig
-from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._optim import (
-    BatchClipDPOptimizer,
     ClippingDPOptimizer,
     GhostClippingModule,
     NoiseMeter,
@@ -32,9 +32,8 @@ from dptune.dpsgd._optim import (
     zero_rows,
 )
 
-__all__ = ["AUTO_CLIPPING", "ENGINE_MODES", "Engine", "engine_mode", "make_engine", "resolve_clipping"]
+__all__ = ["AUTO_CLIPPING", "ENGINES", "Engine", "engine", "engine_mode", "make_engine", "resolve_clipping"]
 
-ENGINE_MODES = ("bookkeeping", "hooks", "functorch", "ghost", BATCH_CLIPPING, "alc")  # what make_engine builds
 
 # "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14, opacus 1.6, bench/step_overhead.py
 # --quick, DP step / non-private step): gn_cnn B=256: bookkeeping 2.17x, hooks 3.54x, functorch 3.69x,
@@ -54,7 +53,8 @@ def resolve_clipping(config: TrialConfig, basis: float) -> str:
     clipping and is used without gradient accumulation, so it needs a logical batch that fits one
     physical batch (B + 4 sqrt(B), a Poisson tail bound) and augmult == 0; otherwise hooks."""
     mode = _auto_mode(config.model) if config.clipping == "auto" else config.clipping
-    if mode == "ghost":
+    m = clipping.mode(mode)
+    if m.per_example and not m.accumulates:  # ghost: the logical batch must fit one physical batch
         b = config.batch_size
         if config.augmult > 0 or b + 4 * math.sqrt(b) > config.physical_batch_size:
             return "hooks"
@@ -62,11 +62,42 @@ def resolve_clipping(config: TrialConfig, basis: float) -> str:
     return mode
 
 
+ENGINES: dict[str, type[Engine]] = {}  # clipping mode -> its engine (dptune.clipping registers what each mode is)
+E = TypeVar("E", bound="type[Engine]")
+
+
+def engine(mode: str) -> Callable[[E], E]:
+    """Register an engine class for clipping mode ``mode`` (a mode of ``dptune.clipping``'s registry)."""
+    def register(cls: E) -> E:
+        clipping.mode(mode)  # a mode the config layer knows, with its sensitivity and capabilities
+        if mode in ENGINES:
+            raise ValueError(f"clipping mode {mode!r} has two engines")
+        cls.mode = mode  # type: ignore[misc]
+        ENGINES[mode] = cls
+        return cls
+    return register
+
+
 # --------------------------------------------------------------------------------------------------
 # per-sample gradient engines: each fills what its DPOptimizer clips (p.grad_sample, or p.grad for ghost)
 
 
 class Engine:
+    """A per-step gradient engine with its DPOptimizer. ``build`` makes both (its optimizer class: what the
+    engine leaves in p.grad or p.grad_sample); ``mode``: the clipping mode it is registered for (``engine``)."""
+
+    mode: ClassVar[str] = ""
+    optimizer_class: ClassVar[type[DPOptimizer]] = ClippingDPOptimizer
+
+    @classmethod
+    def build(cls, model: nn.Module, base: torch.optim.Optimizer, kw: dict[str, Any], config: TrialConfig) -> Engine:
+        return cls(model, cls.optimizer_class(base, **kw))
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        """Whether this engine can run ``model`` at all (else ``make_engine`` falls back to functorch)."""
+        return True
+
     def __init__(self, model: nn.Module, optimizer: DPOptimizer) -> None:
         self.model, self.optimizer = model, optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -82,33 +113,7 @@ class Engine:
             p.grad_sample = p.new_zeros((0, *p.shape))  # type: ignore[attr-defined]
 
 
-class BatchClipEngine(Engine):
-    """Batch clipping: the plain model (BatchNorm allowed, in batch-statistics mode) on the real rows of the batch,
-    the sum of their losses (each averaged over its views) differentiated once; the optimizer clips the batch mean
-    (:class:`BatchClipDPOptimizer`). No per-example gradient exists, so nothing here bounds one example's effect
-    by C: the 2C bound on the clipped mean does, and the charge uses it."""
-
-    optimizer: BatchClipDPOptimizer
-
-    def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
-        k = max(views, 1)
-        n = len(y) if n_real is None else n_real
-        if n == 0:
-            self.empty()
-            return x.new_zeros(())
-        # padding rows are dropped before the forward: under BatchNorm they would shift the batch's statistics
-        losses = F.cross_entropy(self.model(x[:n * k]), y[:n].repeat_interleave(k), reduction="none")
-        total = losses.view(n, k).mean(1).sum()
-        total.backward()
-        self.optimizer.examples += n
-        return total.detach()
-
-    def empty(self) -> None:
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-
-
+@engine("hooks")
 class HooksEngine(Engine):
     """Opacus GradSampleModule (hooks); augmented views are per-sample rows, summed per example."""
 
@@ -137,6 +142,7 @@ class HooksEngine(Engine):
         return losses.detach().sum() / k
 
 
+@engine("functorch")
 class VmapEngine(Engine):
     """Whole-model torch.func: vmap(grad) over examples, each example's loss averaged over its views.
     One batched call instead of per-layer hooks; the fastest mode on CPU (see AUTO_CLIPPING)."""
@@ -162,14 +168,14 @@ class VmapEngine(Engine):
         return losses.detach()[:n_real].sum()
 
 
-class LayerwiseEngine(VmapEngine):
-    """Adaptive layerwise clipping: whole-model vmap per-example gradients (exact for any model), each example's
-    gradient clipped layer by layer to the config's C_l (``ClippingDPOptimizer.layer_clip``; see ``_alc``)."""
-
-
+@engine("ghost")
 class GhostEngine(Engine):
     """Opacus ghost clipping: per-sample norms without materialising per-sample gradients (Linear),
     then a second backward of the clipped loss; p.grad holds the sum of clipped gradients."""
+
+    @classmethod
+    def build(cls, model: nn.Module, base: torch.optim.Optimizer, kw: dict[str, Any], config: TrialConfig) -> Engine:
+        return cls(model, SummedDPOptimizer(base, **kw), config.max_grad_norm)
 
     def __init__(self, model: nn.Module, optimizer: DPOptimizer, max_grad_norm: float) -> None:
         super().__init__(model, optimizer)
@@ -205,6 +211,7 @@ def _refuse_unghostable(model: nn.Module) -> None:
             owners[id(p)] = f"{name}.{pname}"
 
 
+@engine("bookkeeping")
 class BookKeepingEngine(Engine):
     """Hand-written book-keeping clipping (Bu et al. 2023) for Conv2d/Linear/GroupNorm models: one
     backward to the layer outputs (no weight gradients), per-example norms per layer by the cheaper of
@@ -213,6 +220,10 @@ class BookKeepingEngine(Engine):
     p.grad holds the sum of clipped per-example gradients."""
 
     SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)  # exact types: a subclass may transform its weight
+
+    @classmethod
+    def build(cls, model: nn.Module, base: torch.optim.Optimizer, kw: dict[str, Any], config: TrialConfig) -> Engine:
+        return cls(model, SummedDPOptimizer(base, **kw), config.max_grad_norm)
 
     def __init__(self, model: nn.Module, optimizer: DPOptimizer, max_grad_norm: float) -> None:
         super().__init__(model, optimizer)
@@ -351,35 +362,15 @@ def make_engine(mode: str, model: nn.Module, config: TrialConfig, noise: torch.G
     base = _base_optimizer(config, [p for p in model.parameters() if p.requires_grad])
     kw: dict[str, Any] = dict(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm,
                               expected_batch_size=config.batch_size, loss_reduction="mean", generator=noise)
-    if mode == "bookkeeping" and not BookKeepingEngine.supports(model):
-        mode = "functorch"
-    engine: Engine
-    if mode in ("ghost", "bookkeeping"):
-        summed = SummedDPOptimizer(base, **kw)
-        summed.meter = meter
-        cls = GhostEngine if mode == "ghost" else BookKeepingEngine
-        engine = cls(model, summed, config.max_grad_norm)
-    elif mode in ("hooks", "functorch"):
-        opt = ClippingDPOptimizer(base, **kw)
-        opt.meter = meter
-        engine = HooksEngine(model, opt) if mode == "hooks" else VmapEngine(model, opt)
-    elif mode == "alc":
-        if config.layer_clip is None:
-            raise ConfigError("layer_clip", "clipping alc has no per-layer clip norms", "give the space an alc: "
-                              "section (dptune.search computes them from its public data before anything runs)")
-        layered = ClippingDPOptimizer(base, **kw)
-        layered.meter = meter
-        layered.layer_clip = layer_clip_norms(model, config.layer_clip)
-        engine = LayerwiseEngine(model, layered)
-    elif mode == BATCH_CLIPPING:
-        batch = BatchClipDPOptimizer(base, **kw)
-        batch.meter = meter
-        engine = BatchClipEngine(model, batch)
-    else:
-        raise ConfigError("clipping", f"unknown clipping mode {mode!r}", "use one of: " + ", ".join(ENGINE_MODES))
-    return engine
+    cls = ENGINES.get(mode)
+    if cls is None:
+        raise ConfigError("clipping", f"unknown clipping mode {mode!r}", "use one of: " + ", ".join(ENGINES))
+    if not cls.supports(model):  # e.g. book-keeping on a layer it has no rule for: each example alone instead
+        cls = ENGINES["functorch"]
+    built = cls.build(model, base, kw, config)
+    cast(Any, built.optimizer).meter = meter
+    return built
 
 
 def engine_mode(engine: Engine) -> str:
-    return {HooksEngine: "hooks", VmapEngine: "functorch", GhostEngine: "ghost",
-            BookKeepingEngine: "bookkeeping", BatchClipEngine: BATCH_CLIPPING, LayerwiseEngine: "alc"}[type(engine)]
+    return type(engine).mode

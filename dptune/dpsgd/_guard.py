@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dptune._params import BATCH_CLIPPING
+from dptune import clipping
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._engines import Engine, engine_mode, make_engine, resolve_clipping
@@ -227,20 +227,20 @@ def _batch_probe(build: Build, config: TrialConfig, num_classes: int, input_shap
     cfg = config.replace(max_grad_norm=c)
     error = worst = 0.0
     try:
-        full = _clipped_sum(BATCH_CLIPPING, build, cfg, x, y, views, everyone, step=True)
+        full = _clipped_sum("batch", build, cfg, x, y, views, everyone, step=True)
         error = _norm([a - b for a, b in zip(full, expected, strict=True)]) / c
         largest = _norm(full) / c
         for j in everyone:
-            rest = _clipped_sum(BATCH_CLIPPING, build, cfg, x, y, views, [i for i in everyone if i != j])
+            rest = _clipped_sum("batch", build, cfg, x, y, views, [i for i in everyone if i != j])
             largest = max(largest, _norm(rest) / c)
             worst = max(worst, _norm([a - b for a, b in zip(full, rest, strict=True)]) / c)
     except Exception as e:
         text = str(e).splitlines()[0] if str(e) else ""
-        return ProbeResult(BATCH_CLIPPING, float("inf"), float("inf"), f"it fails ({type(e).__name__}: {text})")
+        return ProbeResult("batch", float("inf"), float("inf"), f"it fails ({type(e).__name__}: {text})")
     if not (error <= TOL and largest <= 1 + TOL and worst <= 2 + TOL):
-        return ProbeResult(BATCH_CLIPPING, error, worst, f"the clipped mean differs from the reference by "
+        return ProbeResult("batch", error, worst, f"the clipped mean differs from the reference by "
                            f"{error:.3g}·C, has norm up to {largest:.3g}·C, and one example moves it by {worst:.3g}·C")
-    return ProbeResult(BATCH_CLIPPING, error, worst, None)
+    return ProbeResult("batch", error, worst, None)
 
 
 def _builder(config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> Build:
@@ -270,7 +270,7 @@ def guarded_clipping(config: TrialConfig, num_classes: int, input_shape: tuple[i
 @functools.lru_cache(maxsize=256)
 def _guarded(key: str, mode: str, num_classes: int, input_shape: tuple[int, ...]) -> tuple[str, str | None]:
     config = TrialConfig.from_dict(json.loads(key))
-    if mode == BATCH_CLIPPING:
+    if not clipping.mode(mode).per_example:  # its own invariant (batch clipping: the clipped mean, <= 2C)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = _batch_probe(_builder(config, num_classes, input_shape), config, num_classes, input_shape)
@@ -287,7 +287,7 @@ def _guarded(key: str, mode: str, num_classes: int, input_shape: tuple[int, ...]
     result = probe.run(mode)
     if result.exact:
         return mode, None
-    if mode in (EXACT, "alc"):  # alc runs whole-model vmap too: nothing more exact to fall back to
+    if mode == EXACT or clipping.mode(mode).layerwise:  # alc runs whole-model vmap too: nothing more exact
         raise ConfigError("model", f"even per-example functorch gradients do not match the per-example reference "
                           f"({result.failure})", "make every output depend on its own input only (no statistics "
                           "across the batch, no randomness in forward)")

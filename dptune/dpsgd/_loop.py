@@ -9,6 +9,7 @@ import torch
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
+from dptune import clipping
 from dptune.data import augment_views
 from dptune.dpsgd._state import TrialRun
 
@@ -46,7 +47,7 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
     # BatchMemoryManager's splitter: logical Poisson batch -> physical chunks, the optimizer only
     # steps (and adds noise) after the last chunk. Ghost clipping cannot accumulate, and batch clipping's
     # BatchNorm statistics are the logical batch's: no splitting.
-    batches = poisson if sched.clipping_mode in ("ghost", "batch") else BatchSplittingSampler(
+    batches = poisson if not clipping.mode(sched.clipping_mode).accumulates else BatchSplittingSampler(
         sampler=poisson, max_batch_size=sched.chunk, optimizer=opt)
     named = run.named_params
     loss_sum, seen = 0.0, 0

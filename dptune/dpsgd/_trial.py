@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dptune._params import clip_sensitivity, sampling_rate, trial_steps
+from dptune import clipping
+from dptune._params import sampling_rate, trial_steps
 from dptune.config import TrialConfig
 from dptune.data import Splits
 from dptune.dpsgd._audit import AuditHooks, apply_bug
@@ -107,7 +108,7 @@ def run_trial(
     sched = schedule(config, basis, data.num_classes, data.input_shape)
     if charged_points is not None:
         # the charged σ is per unit of sensitivity: the mode that will run decides it (batch clipping: 2C)
-        check_charged(charged_points, noise_multiplier=config.noise_multiplier / clip_sensitivity(sched.clipping_mode),
+        check_charged(charged_points, noise_multiplier=config.noise_multiplier / clipping.sensitivity(sched.clipping_mode),
                       sampling_rate=sched.sampling_rate, steps=sched.steps, score_noise=config.score_noise)
     identity = trial_identity(config, n, basis)
     run = _start(config, data, sched, dev, _audit)

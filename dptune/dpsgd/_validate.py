@@ -20,7 +20,7 @@ from opacus.validators import ModuleValidator
 from opacus.validators.errors import IllegalModuleConfigurationError, ShouldReplaceModuleError
 from torch import nn
 
-from dptune._params import BATCH_CLIPPING
+from dptune import clipping
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._engines import make_engine
 from dptune.dpsgd._guard import guarded_clipping
@@ -37,7 +37,7 @@ def checked_model(model: nn.Module, config: TrialConfig) -> nn.Module:
     if config.fix_batchnorm:
         fix_batchnorm(model, config.groups)
     model.train()  # dptune trains in training mode (Opacus refuses a model in eval mode)
-    if config.clipping == BATCH_CLIPPING:  # no per-example gradients: Opacus' per-layer validators do not apply
+    if not clipping.mode(config.clipping).per_example:  # batch clipping: Opacus' per-sample validators do not apply
         return batch_statistics_only(model)
     check_no_batchnorm(model)
     if ModuleValidator.validate(model, strict=False):
