@@ -306,7 +306,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="smoke check: 1 seed, ε = 4, 1 epoch (not a result)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tuning_value_transfer.md"))
-    p.add_argument("--from-json", help="rewrite the report (with the planner's verdicts) from a .json this bench wrote")
+    p.add_argument("--from-json", help="rewrite the report (with the planner's verdicts) from the .json files "
+                   "(comma-separated) this bench wrote, for the --seeds given")
     p.add_argument("--resume", help="a .json this bench wrote: keep its rows, run only the missing tasks")
     args = p.parse_args(argv)
     if args.from_json:  # the rows as they ran; only the report is recomputed
@@ -317,8 +318,10 @@ def main(argv: list[str]) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         args.rows, args.jobs, args.verdicts = [(e, s) for e in args.epsilons for s in seeds], 2, True
         cells: dict[tuple[float, int], dict[str, dict[str, Any]]] = {}
-        for r in json.loads(Path(args.from_json).read_text()):
-            cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
+        for path in args.from_json.split(","):  # several: rows pooled (each row's seed appears once)
+            for r in json.loads(Path(path).read_text()):
+                if r["seed"] in seeds:
+                    cells.setdefault((r["epsilon"], r["seed"]), {})[r["task"]] = r
         text = report(cells, args, 0.0, modes)
         Path(args.out).write_text(text)
         print(text)
