@@ -143,3 +143,42 @@ def test_a_public_dataset_that_a_budget_covers_is_refused(tmp_path: Path, digits
         check_public(space, ledger)
     raw["alc"] = {"public": _public_folder(tmp_path / "pub", 0)}
     check_public(parse_space(raw), ledger)  # a folder no budget covers passes
+
+
+def test_an_alc_search_computes_its_norms_before_the_charge_and_releases_them(tmp_path: Path, digits: Any) -> None:
+    """A real Ray search (CLI, 1 epoch): the per-layer norms it releases are those of its public data, the charge is
+    flat clipping's plan, and the printed final-training command trains with them."""
+    import json
+
+    from dptune._search.precharge import with_layer_clip
+    from dptune.ledger import Ledger
+    from tests.conftest import free_port, isolated_env_for, run_cli
+
+    public = _public_folder(tmp_path / "pub", seed=0)
+    raw = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
+    raw["fixed"]["clipping"] = "alc"
+    raw["fixed"]["epochs"] = 1
+    raw["alc"] = {"public": public, "quantile": 0.5, "examples": 64}
+    raw["privacy"]["mean"] = 1
+    space_file = tmp_path / "alc.yaml"
+    space_file.write_text(yaml.safe_dump(raw))
+    env = {**isolated_env_for(tmp_path), "RAY_ADDRESS": "local"}
+    r = run_cli(["-m", "dptune.search", "--space", str(space_file), "--name", "alc", "--runs-dir",
+                 str(tmp_path / "runs"), "--ledger", str(tmp_path / "ledger.sqlite"), "--budget-epsilon", "30",
+                 "--num-cpus", "2", "--dashboard-port", str(free_port())], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    release = yaml.safe_load((tmp_path / "runs" / "alc" / "release" / "best_config.yaml").read_text())
+    expected = with_layer_clip(parse_space(raw), digits).fixed.layer_clip
+    assert release["config"]["clipping"] == "alc" and release["config"]["layer_clip"] == pytest.approx(expected)
+    (charge,) = Ledger(tmp_path / "ledger.sqlite").charges()
+    flat = parse_space({**raw, "fixed": {**raw["fixed"], "clipping": "auto"}, "alc": None})
+    assert charge.epsilon == pytest.approx(plan_search(flat, len(digits.train[1])).search_epsilon, rel=1e-9)
+    out = tmp_path / "final"
+    t = run_cli(["-m", "dptune.train", "--release", str(tmp_path / "runs" / "alc" / "release"), "--out", str(out),
+                 "--ledger", str(tmp_path / "ledger.sqlite"), "--epochs", "1"], env)
+    assert t.returncode == 0, t.stdout + t.stderr
+    import torch
+
+    trained = torch.load(out / "model.pt", weights_only=True)["config"]
+    assert trained["clipping"] == "alc" and trained["layer_clip"] == pytest.approx(expected)
+    assert json.loads((out / "metrics.json").read_text())["steps"] >= 1
