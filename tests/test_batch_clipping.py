@@ -172,3 +172,20 @@ def test_a_planned_final_run_refuses_batch_clipping() -> None:
     raw["fixed"]["clipping"] = "batch"
     with pytest.raises(ConfigError, match="fixed.clipping.*batch clipping is not planned"):
         parse_space(raw)
+
+
+def test_a_batchnorm_score_depends_on_each_validation_example_alone(digits: Any) -> None:
+    """The released score's sensitivity is 1 correct prediction: changing one validation example may change only its
+    own prediction, even though BatchNorm normalises with batch statistics (measured on the trained model)."""
+    import dataclasses
+
+    cfg = load_space(SPACE).default.replace(noise_multiplier=0.01875, seed=5, score_noise=None, epochs=2.0)
+    r = run_trial(cfg, digits, return_model=True)
+    changed = digits.val[0].clone()
+    changed[0] = changed[0] * 50 + 3  # one validation example, far out of distribution
+    r2_data = dataclasses.replace(digits, val=(changed, digits.val[1]))
+    r2 = run_trial(cfg, r2_data, return_model=True)  # the same seed: the same model (validation is not trained on)
+    assert r.model_state is not None and r2.model_state is not None
+    assert all(torch.equal(r.model_state[k], r2.model_state[k]) for k in r.model_state)
+    n = len(digits.val[1])
+    assert abs(r.val_accuracy_raw * n - r2.val_accuracy_raw * n) <= 1 + 1e-9

@@ -147,11 +147,14 @@ def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, d
     model, ema, st = run.model, run.ema, run.state
     eval_params = None if ema is None else {**dict(model.named_buffers()), **ema}
     n_val = len(data.val[1])
-    correct = _correct(model, eval_params, data.val, dev)
+    # a released score counts correct predictions with sensitivity 1: each prediction must depend on its own
+    # example only, so a model normalising with batch statistics (batch clipping's BatchNorm) sees one at a time
+    chunk = 1024 if clipping.mode(sched.clipping_mode).per_example else 1
+    correct = _correct(model, eval_params, data.val, dev, chunk)
     score, score_noise = ScoreRelease(config.score_noise).release(correct, n_val, run.streams.score, st.diverged)
     test_acc = None
     if evaluate_test:
-        test_acc = _correct(model, eval_params, data.test, dev) / len(data.test[1])
+        test_acc = _correct(model, eval_params, data.test, dev, chunk) / len(data.test[1])
     state = None
     if return_model:
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -166,14 +169,15 @@ def _finish(run: TrialRun, config: TrialConfig, data: Splits, sched: Schedule, d
 
 
 @torch.no_grad()
-def _correct(model: nn.Module, params: dict[str, torch.Tensor] | None, pair: Pair, device: torch.device) -> int:
+def _correct(model: nn.Module, params: dict[str, torch.Tensor] | None, pair: Pair, device: torch.device,
+             chunk: int = 1024) -> int:
     was_training = model.training
     model.eval()
     correct = 0
     x, y = pair
-    for i in range(0, len(y), 1024):
-        xb = x[i:i + 1024].to(device)
+    for i in range(0, len(y), chunk):
+        xb = x[i:i + chunk].to(device)
         out = model(xb) if params is None else torch.func.functional_call(model, params, (xb,))
-        correct += int((out.argmax(1).cpu() == y[i:i + 1024]).sum())
+        correct += int((out.argmax(1).cpu() == y[i:i + chunk]).sum())
     model.train(was_training)
     return correct
