@@ -87,7 +87,7 @@ def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, 
                "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
                "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
                "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
-               "measured": _measured(result)}
+               "measured": {**_measured(result), "device": device}}
     if save_model and result.model_state is not None:
         out = work / "final"
         out.mkdir()

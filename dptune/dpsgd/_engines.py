@@ -124,7 +124,7 @@ class HooksEngine(Engine):
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
         k = max(views, 1)
         losses = F.cross_entropy(self.gsm(x), y.repeat_interleave(k), reduction="none")
-        losses = losses * _real_mask(len(y), n_real).repeat_interleave(k)
+        losses = losses * _real_mask(len(y), n_real, y.device).repeat_interleave(k)
         with warnings.catch_warnings():
             # Opacus' per-sample hooks are full backward hooks; PyTorch warns that they fire with respect to a
             # module's outputs when its inputs (the data) need no gradient: exactly what the weights' per-sample
@@ -186,7 +186,7 @@ class GhostEngine(Engine):
         self.loss = DPLossFastGradientClipping(self.gsm, optimizer, nn.CrossEntropyLoss(), "mean")
 
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
-        loss = self.loss(self.gsm(x), y) * _real_mask(len(y), n_real)  # padding rows: zero loss and norm
+        loss = self.loss(self.gsm(x), y) * _real_mask(len(y), n_real, y.device)  # padding rows: zero loss and norm
         loss.backward()
         return loss.detach() * len(y)
 
@@ -260,7 +260,7 @@ class BookKeepingEngine(Engine):
         k, n = max(views, 1), len(y)
         self.acts = {}
         losses = F.cross_entropy(self.model(x), y.repeat_interleave(k), reduction="none")
-        losses = losses * _real_mask(n, n_real).repeat_interleave(k) / k
+        losses = losses * _real_mask(n, n_real, y.device).repeat_interleave(k) / k
         if len(self.acts) != len(self.layers):
             raise ConfigError("clipping", "bookkeeping: a layer with trainable parameters is not called in the "
                               "forward pass", "set fixed.clipping: functorch, or freeze the unused layer")
@@ -337,8 +337,8 @@ class BookKeepingEngine(Engine):
             p.grad = torch.zeros_like(p)
 
 
-def _real_mask(rows: int, n_real: int | None) -> torch.Tensor:
-    mask = torch.ones(rows)
+def _real_mask(rows: int, n_real: int | None, device: torch.device) -> torch.Tensor:
+    mask = torch.ones(rows, device=device)
     mask[rows if n_real is None else n_real:] = 0.0
     return mask
 

@@ -1,0 +1,48 @@
+"""The GPU path (marker ``gpu``; skipped without CUDA, never in the default suite): every clipping engine trains
+on CUDA with the noise it is charged for, and a Ray search that is granted a GPU runs its trials on it.
+
+Run on a GPU machine: ``python -m pytest -m gpu tests/test_gpu.py`` (``bench/gpu_check.sh`` does, with the
+engines' CUDA/CPU timings beside it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dptune.config import load_space
+from dptune.dpsgd import run_trial
+from tests.conftest import digits_seed_with_k
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "search_spaces" / "digits.yaml"
+BATCH = ROOT / "search_spaces" / "digits_batch_clipping.yaml"
+
+
+@pytest.mark.parametrize("mode", ["bookkeeping", "hooks", "functorch", "ghost", "batch"])
+def test_every_engine_trains_on_cuda_with_the_charged_noise(digits: Any, mode: str) -> None:
+    space = load_space(BATCH if mode == "batch" else DIGITS)
+    sigma = 0.05 if mode == "batch" else 0.5
+    cfg = space.default.replace(clipping=mode, noise_multiplier=sigma, seed=11, score_noise=None, epochs=4.0)
+    r = run_trial(cfg, digits, device="cuda", evaluate_test=True)
+    assert not r.diverged and r.steps == r.noise_additions > 0
+    assert r.noise_std == pytest.approx(sigma * cfg.max_grad_norm, rel=0.03)  # drawn on the GPU, measured there
+    assert r.test_accuracy is not None and r.test_accuracy > 0.6
+
+
+def test_a_ray_search_granted_a_gpu_runs_its_trials_on_it(tmp_path: Path) -> None:
+    import dptune
+    from dptune.trials import read_trials
+
+    found = dptune.search(DIGITS, budget_epsilon=30, ledger=tmp_path / "l.sqlite", runs_dir=tmp_path, name="g",
+                          seed=digits_seed_with_k(2, 4), epochs=2, num_cpus=4, gpus_per_trial="auto")
+    rows = read_trials(found.run / "sealed" / "trials.parquet")
+    assert len(rows) >= 2 and all(r.measured.get("device") == "cuda" for r in rows)
+    assert all(r.steps == r.measured["noise_additions"] for r in rows)
+    model = dptune.train(found, target_epsilon=found.epsilon + 4, epochs=2, seed=1)  # the final run: cuda by default
+    assert 0.5 < model.metrics["test_accuracy"] <= 1
