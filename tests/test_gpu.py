@@ -46,3 +46,25 @@ def test_a_ray_search_granted_a_gpu_runs_its_trials_on_it(tmp_path: Path) -> Non
     assert all(r.steps == r.measured["noise_additions"] for r in rows)
     model = dptune.train(found, target_epsilon=found.epsilon + 4, epochs=2, seed=1)  # the final run: cuda by default
     assert 0.5 < model.metrics["test_accuracy"] <= 1
+
+
+def _layerwise(cfg: Any, digits: Any) -> Any:
+    """``cfg`` under clipping alc with C split evenly over its layers (C_l = C/√L, so √ΣC_l² = C)."""
+    import math
+
+    from dptune.dpsgd._alc import layer_of
+    from dptune.models import build_model
+
+    model = build_model(cfg.replace(clipping="auto"), digits.num_classes, digits.input_shape)
+    layers = sorted({layer_of(n) for n, p in model.named_parameters() if p.requires_grad})
+    c = cfg.max_grad_norm / math.sqrt(len(layers))
+    return cfg.replace(clipping="alc", layer_clip={name: c for name in layers})
+
+
+def test_layerwise_clipping_trains_on_cuda(digits: Any) -> None:
+    cfg = _layerwise(load_space(DIGITS).default.replace(noise_multiplier=0.5, seed=12, score_noise=None,
+                                                         epochs=4.0), digits)
+    r = run_trial(cfg, digits, device="cuda", evaluate_test=True)
+    assert r.clipping_mode == "alc" and r.steps == r.noise_additions > 0
+    assert r.noise_std == pytest.approx(0.5 * cfg.max_grad_norm, rel=0.03)
+    assert r.test_accuracy is not None and r.test_accuracy > 0.6
