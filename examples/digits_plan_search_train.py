@@ -36,7 +36,7 @@ def main(smoke_test: bool, work: Path) -> None:
     found = dptune.search(space, budget_epsilon=BUDGET_EPSILON, ledger=work / "ledger.sqlite", runs_dir=work,
                           num_cpus=2 if smoke_test else None, seed=SMOKE_SEED if smoke_test else None)
     print(f"released config: { {k: found.config[k] for k in space['space']} }")
-    print(f"released score (noised validation accuracy, for choosing a config): {found.score}")
+    print(f"released score: {found.score} (noised validation accuracy: for choosing a config, not a model's)")
     print(f"search epsilon: {found.epsilon:.4f}")
 
     model = dptune.train(found, target_epsilon=target, train_on_validation=True, seed=1 if smoke_test else None)

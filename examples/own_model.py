@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -32,7 +33,7 @@ def make_model(num_classes: int, input_shape: tuple[int, int, int], groups: int,
         nn.Flatten(), nn.Linear(2 * width * ((h + 1) // 2) * ((w + 1) // 2), num_classes))
 
 
-SPACE = {
+SPACE: dict[str, Any] = {
     "name": "digits_own_model",
     "dataset": {"name": "digits", "validation_size": 180, "test_size": 360, "split_seed": 0},
     "model": {"factory": "own_model:make_model", "kwargs": {"width": 16}},
@@ -52,7 +53,8 @@ def main(smoke_test: bool, work: Path) -> None:
     print(f"plan: the search costs epsilon {dptune.plan(space).search_epsilon:.3f}")
     found = dptune.search(space, budget_epsilon=30, ledger=work / "ledger.sqlite", runs_dir=work,
                           num_cpus=2 if smoke_test else None, seed=SMOKE_SEED if smoke_test else None)
-    print(f"released config: { {k: found.config[k] for k in SPACE['space']} }, score {found.score}")
+    print(f"released config: { {k: found.config[k] for k in SPACE['space']} }")
+    print(f"released score: {found.score} (noised validation accuracy)")
     model = dptune.train(found, target_epsilon=TARGET_EPSILON, train_on_validation=True,
                          seed=1 if smoke_test else None)
     print(f"test accuracy: {model.metrics['test_accuracy']:.4f}")

@@ -66,7 +66,8 @@ def main(smoke_test: bool, work: Path) -> None:
     print(f"plan: the search costs epsilon {dptune.plan(space, n_train=369).search_epsilon:.3f}")
     found = dptune.search(space, budget_epsilon=30, ledger=work / "ledger.sqlite", runs_dir=work,
                           num_cpus=2 if smoke_test else None, seed=SMOKE_SEED if smoke_test else None)
-    print(f"released config: { {k: found.config[k] for k in space['space']} }, score {found.score}")
+    print(f"released config: { {k: found.config[k] for k in space['space']} }")
+    print(f"released score: {found.score} (noised validation accuracy)")
     model = dptune.train(found, target_epsilon=TARGET_EPSILON, train_on_validation=True,
                          seed=1 if smoke_test else None)
     print(f"test accuracy: {model.metrics['test_accuracy']:.4f}")
