@@ -22,7 +22,7 @@ plan: $(STAMP)
 	$(BIN)/python -m dptune.plan --space search_spaces/digits.yaml
 
 lint: $(STAMP)
-	$(BIN)/ruff check dptune tests bench
+	$(BIN)/ruff check dptune tests bench examples
 	$(BIN)/mypy
 
 # README test command: lint + types + the default (fast) test suite.
