@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dptune-installed
 
-.PHONY: venv search plan test test-slow lint bench clean
+.PHONY: venv search plan test test-slow lint docs bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,5 +32,9 @@ test: lint
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# The docs site (mkdocs.yml): strict, so a broken link or anchor, or a stale docs/spaces.md, fails the build.
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict -d site
+
 clean:
-	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs site .pytest_cache .mypy_cache .ruff_cache

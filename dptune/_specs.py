@@ -228,7 +228,16 @@ def check_augmentation(dataset: str, augmult: int, searched: bool) -> None:
 class PlannerSpec:
     """The planner's priors for the verdict "is this search expected to pay" (``accounting.advise_transfer``),
     measured on a public proxy task, never on the private data: ``proxy`` names the task and the command that
-    measured them. Without a ``planner:`` section the generic priors below apply (and the verdict says so)."""
+    measured them. Without a ``planner:`` section the generic priors below apply (and the verdict says so).
+
+    Attributes:
+        proxy: The public proxy task the priors were measured on, and how.
+        accuracy_spread: The std of accuracy across the space's configs.
+        loss_per_noise_doubling: The accuracy lost when the final model's noise-to-signal doubles.
+        min_gain: The proxy gain a search must promise to be run (0.005: half a point).
+        baseline: The config a search must beat, trained once with the whole budget (e.g. the literature's
+            default): its hyperparameters over the space's default. Null: the space's default.
+    """
 
     proxy: str = "none: generic priors"
     accuracy_spread: float = 0.10  # std of accuracy across the space's configs
@@ -266,7 +275,13 @@ class AlcSpec:
     most ``examples`` public examples, on the model's data-independent seed-0 initialisation), scaled so that
     sqrt(Σ C_l²) = max_grad_norm. Computed before anything is charged, carried by every trial's config and the
     release (``TrialConfig.layer_clip``); each example's clipped gradient then has norm <= max_grad_norm, so the
-    charge is flat clipping's."""
+    charge is flat clipping's.
+
+    Attributes:
+        public: The public dataset, with the keys of ``dataset:``; it must hold no record of a budgeted dataset.
+        quantile: The quantile of each layer's per-example gradient norms taken as its clip norm (0.5: the median).
+        examples: The most public examples the norms are measured on.
+    """
 
     public: Any  # a DatasetSpec, declared public: it must overlap no budgeted dataset
     quantile: float = 0.5

@@ -61,7 +61,7 @@ class CertificateError(ConfigError):
 
 
 def guarantee(*, reproducible: bool) -> dict[str, Any]:
-    """What the (ε, δ) of a dptune certificate covers, in words (README "What a certificate means")."""
+    """What the (ε, δ) of a dptune certificate covers, in words (docs/privacy.md, "The certificate")."""
     return {
         "neighbouring_relation": "add or remove one example of the training split or of the validation split, "
                                  "the mechanism run at the published split sizes",

@@ -50,7 +50,44 @@ CLIPPING_MODES = clipping.choices()  # the registry's (dptune.clipping), with au
 @dataclass(frozen=True)
 class TrialConfig:
     """Everything one DP-SGD trial needs besides the data. Privacy-relevant: batch_size, epochs,
-    noise_multiplier, score_noise (None = validation split declared public)."""
+    noise_multiplier, score_noise (None = validation split declared public).
+
+    In a space file these are the keys of ``fixed:``; ``space:`` and ``default:`` take the searchable ones, and
+    ``model:`` sets model, model_kwargs, scale_norm and fix_batchnorm. (``docs/gen_spaces.py`` turns the
+    attributes below into the key reference of ``docs/spaces.md``.)
+
+    Attributes:
+        model: The network: a built-in name, ``torchvision:<name>`` or ``factory:<package.module>:<function>``;
+            a space file usually names it in ``model:``.
+        groups: GroupNorm groups of the built-in models (a factory receives it as ``groups``).
+        scale_norm: ResNet-9 only: ScaleNorm, an extra GroupNorm after each of its two residual adds.
+        learning_rate: The optimizer's learning rate. In a search that plans its final run, the final run's
+            learning rate L: each trial runs at L·σ_f/σ_c.
+        batch_size: The expected batch size B of Poisson sampling (sampling rate q = B/n). Privacy-relevant.
+        epochs: Training length in epochs, fractions allowed: T = ⌈epochs·n/B⌉ steps. Privacy-relevant.
+        noise_multiplier: σ, the noise std in units of the clip norm. Privacy-relevant. Set by the budget (and
+            refused in ``space:``) in a search that plans its final run.
+        max_grad_norm: The clip norm C of each example's gradient (batch clipping: of the batch's mean gradient).
+        optimizer: The optimizer.
+        momentum: SGD's momentum, in [0, 1); nadam and adam do not use it.
+        weight_decay: The optimizer's weight decay (>= 0).
+        augmult: Augmentation multiplicity (De et al. 2022): augmented views of each example (random crops,
+            flips for RGB images), its gradient averaged over them before clipping; 0 is off. Not for tables.
+        ema_decay: Decay of an exponential moving average of the weights, which is what gets evaluated; null
+            is off.
+        clipping: How per-example gradient norms are computed (``docs/clipping.md``); ``batch`` and ``alc``
+            change what is clipped and what is charged.
+        physical_batch_size: The most examples (augmented views counted) per forward and backward pass: memory
+            only, not privacy.
+        score_noise: Std of the Gaussian noise on the trial's released validation correct-count; null when the
+            trial releases no score. Derived from ``privacy:``, refused in ``fixed:``.
+        seed: Internal: the trial's secret entropy (128 bits from the OS), drawn per trial; refused in a space.
+        fix_batchnorm: Replace the model's BatchNorm layers with GroupNorm (a model with BatchNorm is refused
+            otherwise, except under batch clipping).
+        model_kwargs: Keyword arguments of the model's constructor or factory (``model.kwargs``; YAML data only).
+        layer_clip: Clipping alc only: each layer's clip norm C_l, computed by the search from ``alc.public`` and
+            carried into the release.
+    """
 
     model: str = "gn_cnn"
     groups: int = 4
@@ -180,6 +217,26 @@ def _check_trial(c: TrialConfig) -> None:
 
 @dataclass(frozen=True)
 class DatasetSpec:
+    """Which data, and how it is split (the ``dataset:`` section of a space file).
+
+    Attributes:
+        name: The dataset's reader (``docs/data-and-models.md``).
+        path: Where it is read from, relative to the directory you run from; digits needs none.
+        validation_size: Examples held out for the validation split that scores trials.
+        test_size: Examples held out for the test split (the official test split replaces it under
+            ``split: official``).
+        public_validation: True: the validation split is public, its scores are released exactly and not charged.
+        split_seed: Seed of the deterministic split into train, validation and test.
+        split: Torchvision datasets: ``official`` (the official train split gives train and validation, the
+            official test split is the test split), or ``train`` or ``test`` (that split alone is the pool).
+        download: Torchvision datasets: let torchvision download a missing split into ``path``.
+        label: Tables: the label column.
+        features: Tables: the feature columns, each with its public bounds ``[low, high]`` (clipped and scaled
+            to [-1, 1] by them).
+        classes: Tables and image folders (required there): the declared classes, in class order.
+        id_column: Tables: the column that identifies each record, the privacy unit the ledger keys budgets on.
+    """
+
     name: str = "digits"
     path: str | None = None
     validation_size: int = 180
@@ -215,6 +272,26 @@ def later_defaults(cls: type[TrialConfig] | type[DatasetSpec] | type[PrivacySpec
 
 @dataclass(frozen=True)
 class PrivacySpec:
+    """The privacy settings of a search (the ``privacy:`` section of a space file).
+
+    Attributes:
+        delta: The δ of every (ε, δ) the search reports; it must be below 1/n_train.
+        stopping: The stopping rule that draws the number of trials K (poisson, tnb), or ``composed`` for a
+            fixed number of trials, each charged.
+        mean: The mean number of trials (poisson, tnb), or the number of trials (composed).
+        eta: The shape η of the truncated negative binomial (tnb): 0 logarithmic, 1 geometric.
+        score_noise: Noise on the validation correct-count: the std of each released score's Gaussian (selection
+            best_score), or the Gumbel scale of the one noisy-max selection (selection noisy_max); null only with a
+            public validation split.
+        target_epsilon: The total ε planned for search and final training: the search prints the final-training
+            command calibrated to it. Null: chosen at final training.
+        search_share: The share of target_epsilon the search may cost. Set, the search plans its final run
+            (``docs/searchers.md``); the scaled searcher needs it.
+        selection: ``best_score``: every trial releases a Gaussian-noised score and the best is released (any
+            searcher); ``noisy_max``: trials release nothing and one report-noisy-max picks the candidate (a
+            searcher with fixed candidates: the scaled one).
+    """
+
     delta: float = 1e-5
     stopping: str = "poisson"
     mean: float = 3.0  # mean number of trials (poisson, tnb) or the fixed number of trials (composed)
@@ -240,7 +317,25 @@ class PrivacySpec:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """A validated search-space file."""
+    """A validated search-space file.
+
+    Attributes:
+        name: The space's name, the first part of a run's name (default: the file's name without .yaml).
+        dataset: The data (``dataset:``).
+        fixed: The trial settings every trial shares (``model:`` and ``fixed:``), the searched keys at their
+            default values.
+        space: The searched hyperparameters and their distributions (``space:``).
+        default: The config released when the search draws K = 0 trials (``fixed:`` with ``default:``).
+        privacy: The privacy settings (``privacy:``).
+        accounting: How the search is charged: ``random_stopping`` (Papernot-Steinke, K secret) or ``composed``
+            (a fixed number of trials, each charged; required by adaptive searchers).
+        searcher: How trials are chosen (``docs/searchers.md``).
+        scheduler: ``fifo``, every trial runs to its end; ``asha`` is refused until it is charged per rung.
+        tune_fraction: Run the search on a Poisson subsample of this fraction of the training split (1: off).
+        source: Internal: the file the space was read from.
+        planner: The priors of the verdict "is this search expected to pay" (``planner:``).
+        alc: Adaptive layerwise clipping's public data (``alc:``; with clipping alc only).
+    """
 
     name: str
     dataset: DatasetSpec
