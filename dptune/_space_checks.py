@@ -6,16 +6,14 @@ searcher runs. Every problem is a :class:`ConfigError` naming the field and the 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna.distributions as od
 
 from dptune import searchers as _searchers
+from dptune._schema import PrivacySpec, SearchSpace
 from dptune.clipping import mode as clipping_mode
 from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
-
-if TYPE_CHECKING:  # config imports this module: types only
-    from dptune.config import PrivacySpec, SearchSpace
 
 __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "SELECTIONS",
            "check_adaptive", "check_privacy", "check_selection", "check_space", "check_transfer",
@@ -41,7 +39,7 @@ def check_space(s: SearchSpace) -> None:
 
     from dptune import _specs
     from dptune._distributions import in_support, support_extremes
-    from dptune.config import DatasetSpec, PrivacySpec, TrialConfig
+    from dptune._schema import DatasetSpec, TrialConfig
 
     for name, value, cls in (("dataset", s.dataset, DatasetSpec), ("fixed", s.fixed, TrialConfig),
                              ("default", s.default, TrialConfig), ("privacy", s.privacy, PrivacySpec)):

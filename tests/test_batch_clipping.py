@@ -18,7 +18,7 @@ from torch import nn
 from dptune.accounting import TrialPoint, plan_search
 from dptune.config import ConfigError, TrialConfig, load_space
 from dptune.dpsgd import ChargeMismatch, make_engine, run_trial, validate_model
-from dptune.dpsgd._validate import checked_model
+from dptune.dpsgd._checked import checked_model
 from dptune.models import build_model
 
 ROOT = Path(__file__).resolve().parent.parent

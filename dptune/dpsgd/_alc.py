@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import Engine, VmapEngine, engine
 from dptune.dpsgd._optim import ClippingDPOptimizer
 
@@ -46,7 +47,6 @@ def layer_constants(config: TrialConfig, public: tuple[torch.Tensor, torch.Tenso
                     quantile: float, examples: int) -> dict[str, float]:
     """Per-layer clip norms for ``config``'s model from the public examples ``public`` (inputs already of the
     private data's shape), scaled to sqrt(Σ C_l²) = ``config.max_grad_norm``."""
-    from dptune.dpsgd._validate import checked_model
     from dptune.models import build_model
 
     x, y = public

@@ -46,6 +46,7 @@ from torch import nn
 from dptune import clipping
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._alc import layer_clip_norms
+from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.models import build_model
@@ -246,7 +247,6 @@ def _batch_probe(build: Build, config: TrialConfig, num_classes: int, input_shap
 def _builder(config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> Build:
     """Fresh float64 models of ``config``, seed-0 init (rebuilt, not deep-copied: legacy weight_norm's computed
     weight cannot be copied)."""
-    from dptune.dpsgd._validate import checked_model  # (a cycle at import time otherwise)
 
     def build() -> nn.Module:
         with torch.random.fork_rng(devices=[]):

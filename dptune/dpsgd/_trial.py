@@ -18,6 +18,7 @@ from dptune.config import TrialConfig
 from dptune.data import Splits
 from dptune.dpsgd._audit import AuditHooks, apply_bug
 from dptune.dpsgd._charge import check_charged
+from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import engine_mode, make_engine
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import Schedule, train_epoch
@@ -25,7 +26,6 @@ from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, trial_identity
 from dptune.dpsgd._streams import TrialStreams
-from dptune.dpsgd._validate import checked_model
 from dptune.models import build_model
 
 __all__ = ["TrialResult", "init_model", "run_trial", "schedule"]

@@ -15,56 +15,17 @@ Three checks, each a ConfigError naming field ``model`` (CLIs: exit 2, nothing c
 from __future__ import annotations
 
 import torch
-from opacus.utils.module_utils import trainable_modules
-from opacus.validators import ModuleValidator
-from opacus.validators.errors import IllegalModuleConfigurationError, ShouldReplaceModuleError
 from torch import nn
 
-from dptune import clipping
 from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._checked import checked_model, first_sentence
 from dptune.dpsgd._engines import make_engine
 from dptune.dpsgd._guard import guarded_clipping
-from dptune.models import batch_statistics_only, build_model, check_no_batchnorm, fix_batchnorm
+from dptune.models import build_model
 
 __all__ = ["checked_model", "validate_model"]
 
 SMOKE_EXAMPLES = 2
-
-
-def checked_model(model: nn.Module, config: TrialConfig) -> nn.Module:
-    """``model`` in training mode with BatchNorm fixed (``config.fix_batchnorm``) or refused, and accepted by
-    Opacus' ModuleValidator; ConfigError naming the offending layer otherwise."""
-    if config.fix_batchnorm:
-        fix_batchnorm(model, config.groups)
-    model.train()  # dptune trains in training mode (Opacus refuses a model in eval mode)
-    if not clipping.mode(config.clipping).per_example:  # batch clipping: Opacus' per-sample validators do not apply
-        return batch_statistics_only(model)
-    check_no_batchnorm(model)
-    if ModuleValidator.validate(model, strict=False):
-        _raise_by_layer(model)
-    return model
-
-
-def _raise_by_layer(model: nn.Module) -> None:
-    """Opacus' validators, layer by layer, so the error names the layer (its own errors do not)."""
-    for name, module in trainable_modules(model):
-        validator = ModuleValidator.VALIDATORS.get(type(module))
-        errors = validator(module) if validator is not None else []
-        if errors:
-            reason = _first_sentence(errors[0], with_type=False)
-            raise ConfigError("model", f"layer {name} ({type(module).__name__}) is refused by Opacus' "
-                              f"ModuleValidator: {reason}", _fix(errors[0], type(module).__name__))
-    errors = ModuleValidator.validate(model, strict=False)
-    raise ConfigError("model", f"refused by Opacus' ModuleValidator: {errors[0]}", "fix the model as Opacus says")
-
-
-def _fix(error: Exception, layer: str) -> str:
-    if isinstance(error, ShouldReplaceModuleError):
-        return (f"replace the {layer} by Opacus' drop-in DP layer (opacus.layers: DPLSTM, DPGRU, "
-                "DPMultiheadAttention; opacus.validators.ModuleValidator.fix shows the replacement)")
-    if isinstance(error, IllegalModuleConfigurationError):
-        return f"configure the {layer} as Opacus asks (e.g. track_running_stats=False)"
-    return f"replace the {layer} by a layer Opacus supports"
 
 
 def validate_model(config: TrialConfig, num_classes: int, input_shape: tuple[int, int, int]) -> tuple[str, str | None]:
@@ -96,7 +57,7 @@ def _smoke_forward(model: nn.Module, config: TrialConfig, num_classes: int, shap
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError("model", f"a forward pass of a batch of shape {tuple(x.shape)} fails ({_first_sentence(e)})",
+        raise ConfigError("model", f"a forward pass of a batch of shape {tuple(x.shape)} fails ({first_sentence(e)})",
                           f"make the model accept the dataset's C x H x W = {shape} inputs") from e
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(x), num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -113,11 +74,6 @@ def _smoke_backward(model: nn.Module, config: TrialConfig, mode: str, num_classe
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError("model", f"Opacus' per-sample gradients ({mode}) fail on it ({_first_sentence(e)})",
+        raise ConfigError("model", f"Opacus' per-sample gradients ({mode}) fail on it ({first_sentence(e)})",
                           "avoid in-place ops (ReLU(inplace=True), x += y) or choose another fixed.clipping "
                           "(functorch: whole-model vmap; hooks: Opacus' per-layer rules)") from e
-
-
-def _first_sentence(e: Exception, with_type: bool = True) -> str:
-    text = (str(e).splitlines() or [""])[0].split(". ")[0].strip().rstrip(".")
-    return f"{type(e).__name__}: {text}" if with_type else text

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:  # the config layer hands its spaces in; types only
-    from dptune.config import SearchSpace
+    from dptune._schema import SearchSpace
 
 __all__ = ["Searcher"]
 

@@ -10,7 +10,7 @@ from dptune._distributions import sample_params
 from dptune.searchers._base import Searcher
 
 if TYPE_CHECKING:
-    from dptune.config import SearchSpace
+    from dptune._schema import SearchSpace
 
 __all__ = ["RandomSearcher"]
 

@@ -12,7 +12,7 @@ from dptune.errors import ConfigError
 from dptune.searchers._base import Searcher
 
 if TYPE_CHECKING:
-    from dptune.config import SearchSpace
+    from dptune._schema import SearchSpace
 
 __all__ = ["ScaledSearcher"]
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from dptune.searchers._base import Searcher
 
 if TYPE_CHECKING:
-    from dptune.config import SearchSpace
+    from dptune._schema import SearchSpace
 
 __all__ = ["TPESearcher", "seed_words", "tpe_startup_trials"]
 
