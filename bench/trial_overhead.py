@@ -2,7 +2,7 @@
 
 Both run the same trivial function trainable (it only reports a number), on one local Ray instance:
 - plain: Tune defaults (a new actor process per trial, default CSV/JSON/TensorBoard loggers);
-- dptune: `dptune._search.runner.make_tuner` (reused actors, no per-trial logger files, data shipped once
+- dptune: `dptune.tuning.runner.make_tuner` (reused actors, no per-trial logger files, data shipped once
   with `tune.with_parameters`).
 Overhead per trial = (wall(N_big) − wall(N_small)) / (N_big − N_small); the fixed cost per fit is the rest.
 Then one real dptune digits trial (1 epoch) measured the same way shows what a real search pays.
@@ -46,7 +46,7 @@ def _plain(n: int, storage: Path) -> float:
 def _dptune(n: int, storage: Path, trainable: Any = None, seconds: list[float] | None = None) -> float:
     from ray import tune
 
-    from dptune._search.runner import make_tuner
+    from dptune.tuning.runner import make_tuner
 
     payload = trainable or tune.with_resources(tune.with_parameters(trivial, data=list(range(1000))), {"cpu": 1})
     t0 = time.perf_counter()
@@ -67,7 +67,7 @@ def main() -> None:
     os.environ.setdefault("HOME", tempfile.mkdtemp())
     import ray
 
-    from dptune._search import runner  # sets dptune's Tune environment (loggers off) for the dptune path
+    from dptune.tuning import runner  # sets dptune's Tune environment (loggers off) for the dptune path
 
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     storage = Path(tempfile.mkdtemp(prefix="dptune-bench-"))
@@ -103,9 +103,9 @@ def _real_trials(args: argparse.Namespace, storage: Path) -> tuple[str, float, f
     """dptune_trial on digits, 1 epoch: per extra trial = overhead + ~compute (reported separately)."""
     from ray import tune
 
-    from dptune._search.trainable import dptune_trial
     from dptune.config import DatasetSpec, TrialConfig
     from dptune.data import load_dataset
+    from dptune.tuning.trainable import dptune_trial
 
     data = load_dataset(DatasetSpec())
     fixed = TrialConfig(epochs=1, score_noise=None).to_public_dict()

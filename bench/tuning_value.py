@@ -253,12 +253,12 @@ def _init_worker(threads: int) -> None:
 def run_cell(plan: EpsPlan, seed: int, threads: int) -> dict[str, Any]:
     import torch
 
-    from dptune._search.draw import make_draw
     from dptune.config import DatasetSpec
     from dptune.data import load_dataset, poisson_subsample
     from dptune.dpsgd import run_trial
     from dptune.release import released_params, select_best
     from dptune.trials import TrialRow
+    from dptune.tuning.draw import make_draw
 
     torch.set_num_threads(threads)
     t0 = time.time()

@@ -343,11 +343,11 @@ def _final(cfg: Any, prior: list[de.DpEvent], eps: float, merged: Any, seed: int
 
 
 def _random_search(plan: SearchPlan, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
-    from dptune._search.draw import make_draw
     from dptune.data import poisson_subsample
     from dptune.dpsgd import run_trial
     from dptune.release import released_params, select_best
     from dptune.trials import TrialRow
+    from dptune.tuning.draw import make_draw
 
     f = plan.fraction
     space = bench_space(plan.sigma, plan.score_noise, f)

@@ -126,9 +126,9 @@ def search_once(space: SearchSpace, plan: Any, tp: Any, key: int, trial: Any, n_
     """One search as ``dptune.search`` runs it (its draw, sampler and selection), every trial run by
     ``trial(params, seed) -> dict`` (score, val_raw, diverged); its draw, trials and released params.
     ``score_scale``: the noisy max's scale relative to the space's (a proxy with another validation size)."""
-    from dptune._search.draw import make_draw
     from dptune.release import released_params, select_best, select_noisy_max
     from dptune.trials import TrialRow
+    from dptune.tuning.draw import make_draw
 
     draw = make_draw(space, plan.stopping, seed=key)
     trials: list[dict[str, Any]] = []
@@ -165,7 +165,7 @@ def run_search(mode: str, eps: float, seed: int, data: Any, merged: Any, key: st
     mode whose draw and selection randomness it shares (paired modes: default its own)."""
     space = space_for(mode, eps)
     if space.alc is not None:  # per-layer clip norms from the public data, as dptune.search computes them
-        from dptune._search.precharge import with_layer_clip
+        from dptune.tuning.precharge import with_layer_clip
 
         space = with_layer_clip(space, data)
     plan = plan_search(space, N_TRAIN, compare=False)

@@ -83,9 +83,9 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
     """Run a private search (charged to ``ledger`` before any trial) and return its release.
     ``ledger``: default the per-user ledger the CLI uses (:func:`dptune.ledger.default_ledger_path`).
     ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay."""
-    from dptune._search.driver import SearchRequest, default_run_name, run_search
-    from dptune._search.options import RayOptions
     from dptune.ledger import default_ledger_path
+    from dptune.tuning.driver import SearchRequest, default_run_name, run_search
+    from dptune.tuning.options import RayOptions
 
     s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     run_name = name or default_run_name(s)
@@ -103,7 +103,7 @@ def train(release: str | Path | SearchResult, *, out: str | Path | None = None, 
           train_on_validation: bool = False, epochs: float | None = None, device: str | None = None,
           use_best_checkpoint: bool = False, seed: int | None = None) -> Any:
     """Final DP training of a release (charged to the search's own ledger); returns a ``FinalModel``."""
-    from dptune._final import TrainRequest, run_final
+    from dptune.final import TrainRequest, run_final
 
     rel = release.release if isinstance(release, SearchResult) else Path(release)
     return run_final(TrainRequest(release=rel, out=Path(out) if out else rel.parent / "final",

@@ -47,7 +47,7 @@ class TrialRow:
     @classmethod
     def from_metrics(cls, index: int, seed: int | str, m: dict[str, Any], attempts: int = 1,
                      checkpoint: str | None = None) -> TrialRow:
-        """From the trainable's final report (``dptune._search.trainable``)."""
+        """From the trainable's final report (``dptune.tuning.trainable``)."""
         return cls(index=int(index), params=dict(m.get("params") or {}), seed=str(seed),
                    score=float(m.get("score", -math.inf)), val_accuracy_raw=m.get("val_accuracy_raw"),
                    diverged=bool(m.get("diverged", False)), crashed=bool(m.get("crashed", False)),

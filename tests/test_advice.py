@@ -14,8 +14,8 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 from dptune import accounting as A
 from dptune.accounting import _advice as adv
 from dptune.accounting._convert import rdp_to_epsilon
+from dptune.cli.plan import main
 from dptune.config import load_space
-from dptune.plan import main
 
 SPACE = load_space("search_spaces/digits.yaml")
 N = 1257

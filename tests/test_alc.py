@@ -44,8 +44,8 @@ def _alc_space(public: dict[str, Any]) -> Any:
 
 
 def test_layer_norms_come_from_the_public_data_only(tmp_path: Path, digits: Any) -> None:
-    from dptune._search.precharge import with_layer_clip
     from dptune.data import load_dataset
+    from dptune.tuning.precharge import with_layer_clip
 
     space = _alc_space(_public_folder(tmp_path / "pub", seed=0))
     clip = with_layer_clip(space, digits).fixed.layer_clip
@@ -88,7 +88,7 @@ def test_each_layer_is_clipped_to_its_own_norm_by_hand() -> None:
 
 
 def test_an_alc_trial_trains_and_measures_its_noise(tmp_path: Path, digits: Any) -> None:
-    from dptune._search.precharge import with_layer_clip
+    from dptune.tuning.precharge import with_layer_clip
 
     space = with_layer_clip(_alc_space(_public_folder(tmp_path / "pub", seed=0)), digits)
     cfg = space.default.replace(seed=4, score_noise=None, epochs=5.0, noise_multiplier=1.0)
@@ -129,8 +129,8 @@ def test_alc_refusals(tmp_path: Path, digits: Any) -> None:
 
 def test_a_public_dataset_that_a_budget_covers_is_refused(tmp_path: Path, digits: Any) -> None:
     """The ledger knows digits' records (a budget is open on it): digits cannot be alc's public data elsewhere."""
-    from dptune._search.precharge import check_public
     from dptune.ledger import Ledger, open_budget
+    from dptune.tuning.precharge import check_public
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     open_budget(ledger, digits, 8.0, 1e-5, "digits")
@@ -150,8 +150,8 @@ def test_an_alc_search_computes_its_norms_before_the_charge_and_releases_them(tm
     flat clipping's plan, and the printed final-training command trains with them."""
     import json
 
-    from dptune._search.precharge import with_layer_clip
     from dptune.ledger import Ledger
+    from dptune.tuning.precharge import with_layer_clip
     from tests.conftest import free_port, isolated_env_for, run_cli
 
     public = _public_folder(tmp_path / "pub", seed=0)

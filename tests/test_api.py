@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 import dptune
+from dptune.cli.search import main as search_main
+from dptune.cli.train import main as train_main
 from dptune.ledger import Ledger, event_sha256
-from dptune.search import main as search_main
-from dptune.train import main as train_main
 from tests.conftest import digits_seed_with_k
 
 ROOT = Path(__file__).resolve().parent.parent

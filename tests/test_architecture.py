@@ -13,35 +13,37 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "dptune"
 
-CLIS = ("dptune.search", "dptune.train", "dptune.plan", "dptune.report", "dptune.ledger.__main__")
+# the commands (dptune/cli/) and the `python -m dptune.<command>` entry points that run them
+CLIS = ("dptune.cli", "dptune.search", "dptune.train", "dptune.plan", "dptune.report", "dptune.ledger.__main__")
 _LIBS = ("torch", "torchvision", "ray", "opacus")
 _RECORDS = ("dptune.ledger", "dptune.certificate", "dptune.trials", "dptune.release", "dptune.rundir")
 _TRAINER = ("dptune.dpsgd", "dptune.models", "dptune.data")
-_ABOVE_ACCOUNTING = (*_RECORDS, *_TRAINER, "dptune._search", "dptune._plots", *CLIS)
+_ABOVE_ACCOUNTING = (*_RECORDS, *_TRAINER, "dptune.tuning", "dptune.plots", *CLIS)
 
 # module (path prefix, relative to dptune/) -> forbidden import prefixes
 RULES: dict[str, tuple[str, ...]] = {
     "errors.py": ("dptune.", *_LIBS),
     "_params.py": ("dptune.config", "dptune.accounting", *_RECORDS, *_TRAINER, *_LIBS),
-    "config.py": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune._search", *_LIBS),
-    "searchers/": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune._search", *_LIBS),  # config layer: no Ray
+    "config.py": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune.tuning", *_LIBS),
+    "searchers/": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune.tuning", *_LIBS),  # config layer: no Ray
     "accounting/": (*_ABOVE_ACCOUNTING, *_LIBS),
-    "ledger/": (*_TRAINER, "dptune._search", "dptune.release", *_LIBS),
-    "certificate.py": (*_TRAINER, "dptune._search", "dptune.release", "dptune.trials", *_LIBS),
-    "trials.py": ("dptune.accounting", *_TRAINER, "dptune._search", *_LIBS),
-    "rundir.py": ("dptune.accounting", *_TRAINER, "dptune._search", *_LIBS),
-    "release.py": (*_TRAINER, "dptune._search", "dptune.ledger", *_LIBS),
-    "dpsgd": ("ray", "dptune.accounting", *_RECORDS, "dptune._search"),
-    "models/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.data", "dptune._search"),
-    "data/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.models", "dptune._search"),
-    "_search/": (),
-    "audit/": ("ray", "opacus", "dptune._search.runner", "dptune._search.raysession", "dptune._search.trainable",
+    "ledger/": (*_TRAINER, "dptune.tuning", "dptune.release", *_LIBS),
+    "certificate.py": (*_TRAINER, "dptune.tuning", "dptune.release", "dptune.trials", *_LIBS),
+    "trials.py": ("dptune.accounting", *_TRAINER, "dptune.tuning", *_LIBS),
+    "rundir.py": ("dptune.accounting", *_TRAINER, "dptune.tuning", *_LIBS),
+    "release.py": (*_TRAINER, "dptune.tuning", "dptune.ledger", *_LIBS),
+    "dpsgd": ("ray", "dptune.accounting", *_RECORDS, "dptune.tuning"),
+    "models/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.data", "dptune.tuning"),
+    "data/": ("ray", "opacus", "dptune.accounting", *_RECORDS, "dptune.dpsgd", "dptune.models", "dptune.tuning"),
+    "tuning/": (),
+    "final.py": ("dptune.tuning", "ray"),  # final training: the trainer and the records, no Ray, no search
+    "audit/": ("ray", "opacus", "dptune.tuning.runner", "dptune.tuning.raysession", "dptune.tuning.trainable",
                *CLIS),  # a developer tool over the trainer, the sealed draw and the accountant; no Ray
-    "plan.py": ("torch", "ray", "opacus"),
-    "report.py": ("torch", "ray", "opacus"),
-    "_plots.py": ("torch", "ray", "opacus", "dptune.ledger", "dptune.certificate"),
+    "cli/plan.py": ("torch", "ray", "opacus"),
+    "cli/report.py": ("torch", "ray", "opacus"),
+    "plots.py": ("torch", "ray", "opacus", "dptune.ledger", "dptune.certificate", "dptune.api"),
 }
-ONLY = {"ray": ("_search/",), "opacus": ("dpsgd",)}
+ONLY = {"ray": ("tuning/",), "opacus": ("dpsgd",)}
 
 
 def _imports(source: str) -> set[str]:
@@ -68,15 +70,18 @@ def violations(rel: str, source: str) -> list[str]:
     imported = _imports(source)
     me = _module_name(rel)
     out = []
+    command = any(_matches(me, cli) for cli in CLIS)  # a command (or its entry point) may import commands
+    if not command and me not in ("dptune.__init__", "dptune.api") and any(_matches(i, "dptune.api") for i in imported):
+        out.append(f"{rel} imports the API dptune.api (the library never imports the layer above it)")
     for prefix, forbidden in RULES.items():
-        if _applies(rel, prefix) and not (prefix.endswith("/") and me in CLIS):  # a package's CLI is a CLI
+        if _applies(rel, prefix) and not (prefix.endswith("/") and command):  # a package's CLI is a CLI
             out += [f"{rel} imports {i}" for i in sorted(imported) if any(_matches(i, f) for f in forbidden)
                     and not _matches(i, me)]
     for lib, allowed in ONLY.items():
         if any(_matches(i, lib) for i in imported) and not any(_applies(rel, a) for a in allowed):
             out.append(f"{rel} imports {lib}; only {allowed} may")
     for i in sorted(imported):
-        if any(_matches(i, cli) for cli in CLIS) and not _matches(i, me):
+        if not command and any(_matches(i, cli) for cli in CLIS):
             out.append(f"{rel} imports the CLI {i}")
         if _private_elsewhere(i, me):
             out.append(f"{rel} imports {i}, private to another package")
@@ -112,16 +117,19 @@ def test_layer_rules(path: Path) -> None:
 
 @pytest.mark.parametrize("rel, source, expected", [
     ("accounting/_x.py", "import torch\n", "imports torch"),
-    ("accounting/_x.py", "from dptune.report import main\n", "imports dptune.report"),
-    ("accounting/_x.py", "from dptune import _plots\n", "imports dptune._plots"),
+    ("accounting/_x.py", "from dptune.cli.report import main\n", "imports dptune.cli"),
+    ("final.py", "from dptune.cli._common import run_cli\n", "the CLI dptune.cli"),
+    ("tuning/driver.py", "from dptune.api import search\n", "the API dptune.api"),
+    ("tuning/driver.py", "import dptune.search\n", "the CLI dptune.search"),
+    ("accounting/_x.py", "from dptune import plots\n", "imports dptune.plots"),
     ("config.py", "from dptune.accounting import plan_search\n", "imports dptune.accounting"),
     ("searchers/_x.py", "def f():\n    from ray.tune.search.optuna import OptunaSearch\n", "imports ray"),
-    ("release.py", "from dptune._search import runner\n", "imports dptune._search"),
+    ("release.py", "from dptune.tuning import runner\n", "imports dptune.tuning"),
     ("trials.py", "import ray\n", "only"),
     ("models/_x.py", "import opacus\n", "imports opacus"),
-    ("ledger/_store.py", "from dptune.train import main\n", "the CLI dptune.train"),
+    ("ledger/_store.py", "from dptune.cli.train import main\n", "the CLI dptune.cli"),
     ("release.py", "from dptune.accounting._subsample import transfer_config\n", "private to another package"),
-    ("train.py", "from dptune._search.driver import run_search\n", ""),  # dptune._search is dptune's own
+    ("cli/train.py", "from dptune.tuning.driver import run_search\n", ""),  # a command may import the library
 ])
 def test_rules_catch_a_violation(rel: str, source: str, expected: str) -> None:
     """The rule engine itself, on violating (and one allowed) sources: the layer test can fail."""
@@ -142,7 +150,7 @@ def test_architecture_doc_names_every_top_level_module() -> None:
 
 def test_lazy_dp_accounting_is_transparent() -> None:
     """dptune skips dp_accounting's slow package __init__ at import; the package still works fully."""
-    code = ("import sys, dptune.plan; assert 'dp_accounting.pld' not in sys.modules, 'PLD imported eagerly'\n"
+    code = ("import sys, dptune.cli.plan; assert 'dp_accounting.pld' not in sys.modules, 'PLD imported eagerly'\n"
             "import dp_accounting\nfrom dp_accounting import dp_event\n"
             "assert dp_accounting.GaussianDpEvent is dp_event.GaussianDpEvent\n"
             "assert dp_accounting.pld.PLDAccountant is not None\nprint('ok')")
@@ -271,3 +279,65 @@ def test_functions_and_files_stay_small() -> None:
                 if length > 60:
                     too_long.append(f"{rel}:{node.lineno} {node.name}(): {length} lines")
     assert not too_long, too_long
+
+
+# --- no import cycle anywhere in dptune, counting TYPE_CHECKING and function-level (lazy) imports ----------
+
+_MODULES = {".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): p for p in MODULES}
+
+
+def _module_of(name: str) -> str | None:
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        if ".".join(parts[:k]) in _MODULES:
+            return ".".join(parts[:k])
+    return None
+
+
+def _all_imports(source: str) -> set[str]:
+    """Every dptune module ``source`` imports anywhere (module level, TYPE_CHECKING, inside functions);
+    ``from pkg import sub`` is an arrow to the submodule ``pkg.sub``, not to the package's __init__."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            names = [s for s in subs if s in _MODULES]
+            if len(names) < len(subs):
+                names.append(node.module)
+        out.update(m for n in names if n.startswith("dptune") and (m := _module_of(n)))
+    return out
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (module -> modules it imports), or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycle_even_counting_type_checking_and_lazy_imports() -> None:
+    graph = {m: _all_imports(p.read_text()) - {m} for m, p in _MODULES.items()}
+    assert import_cycle(graph) is None, " -> ".join(import_cycle(graph) or [])
+    # the detector itself: a TYPE_CHECKING-only arrow back closes a cycle
+    assert import_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dptune.config import SearchSpace\n"
+    assert _all_imports(src) == {"dptune.config"}

@@ -31,7 +31,7 @@ def _k0_seed() -> int:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """A ledger with a digits budget and one real search's charge and release: a K = 0 search (the draw
     seed fixed by the test hook), which runs the whole CLI path but needs no Ray."""
-    from dptune.search import main as search_main
+    from dptune.cli.search import main as search_main
 
     base = tmp_path_factory.mktemp("world")
     old = os.environ.get("DPTUNE_TEST_DRAW_SEED")
@@ -259,7 +259,7 @@ def test_bad_input_exits_2_and_charges_nothing(cli: str, argv: Callable[[dict[st
         if cli == "search":
             args += ["--runs-dir", str(world["base"] / "runs")]
     before = _ledger_digest(world["ledger"])
-    main = importlib.import_module(f"dptune.{cli}" + (".__main__" if cli == "ledger" else "")).main
+    main = importlib.import_module(f"dptune.cli.{cli}").main
     try:
         rc = main(args)
     except SystemExit as e:  # argparse rejects wrong types itself, with exit status 2

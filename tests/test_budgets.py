@@ -70,7 +70,7 @@ class World:
 
     def search(self, raw: dict[str, Any], *extra: str) -> tuple[int, str, str | None]:
         """(exit status, stdout + stderr, the certificate's dataset id)."""
-        from dptune.search import main
+        from dptune.cli.search import main
 
         self.n += 1
         name = f"s{self.n}"
@@ -81,7 +81,7 @@ class World:
         return rc, out.out + out.err, json.loads(cert.read_text())["dataset_id"] if cert.is_file() else None
 
     def new_budget(self, raw: dict[str, Any], *extra: str) -> tuple[int, str]:
-        from dptune.ledger.__main__ import main
+        from dptune.cli.ledger import main
 
         rc = main(["new-budget", "--ledger", str(self.ledger_path), "--space", str(self.space(raw)), *extra])
         out = self.capsys.readouterr()

@@ -237,7 +237,7 @@ def test_examples_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_space_files_plan(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from dptune.plan import main as plan
+    from dptune.cli.plan import main as plan
 
     monkeypatch.chdir(ROOT)
     assert plan(["--space", "search_spaces/mnist.yaml"]) == 0  # n known without reading: 10,000 - 2,000

@@ -13,8 +13,8 @@ import pytest
 
 from dptune import accounting as A
 from dptune._distributions import sample_params
-from dptune._search.draw import TEST_HOOK, make_draw
 from dptune.config import load_space
+from dptune.tuning.draw import TEST_HOOK, make_draw
 
 SPACE = "search_spaces/digits.yaml"
 
@@ -76,7 +76,7 @@ def _tpe_space() -> object:
 
 
 def _sampler_state(seed: int) -> tuple:
-    from dptune._search.searchers import search_alg
+    from dptune.tuning.searchers import search_alg
 
     space = _tpe_space()
     draw = make_draw(space, A.stopping_rule("composed", mean=2), seed=seed)  # type: ignore[arg-type]

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from dptune.certificate import load_certificate, verify_binding
+from dptune.cli.train import main as train_main
 from dptune.config import parse_space
 from dptune.ledger import Ledger
-from dptune.train import main as train_main
 from tests.conftest import ROOT, digits_seed_with_k
 
 DIGITS = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
@@ -32,7 +32,7 @@ def _space(name: str, sigma: float, learning_rate: float = 0.6, epochs: float = 
 
 
 def _search(root: Path, name: str, raw: dict[str, Any]) -> Path:
-    from dptune._search.driver import SearchRequest, run_search
+    from dptune.tuning.driver import SearchRequest, run_search
 
     req = SearchRequest(space=parse_space(raw), run_dir=root / name, ledger=root / "ledger.sqlite",
                         budget_epsilon=1000, seed=digits_seed_with_k(0, 0))
@@ -206,7 +206,7 @@ def test_search_progress_prints_no_elapsed_time_by_default(capsys: pytest.Captur
     default one line and no time; the elapsed-time heartbeat only with --show-trials (curator only)."""
     import time
 
-    from dptune._search.runner import progress
+    from dptune.tuning.runner import progress
 
     with progress(False, every=0.02):
         time.sleep(0.2)

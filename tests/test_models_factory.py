@@ -284,7 +284,7 @@ def test_tanh_cnn_the_mnist_literature_cnn_with_groupnorm() -> None:
 
 
 def test_only_the_users_own_code_is_shipped_to_ray_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dptune._search.driver import user_modules
+    from dptune.tuning.driver import user_modules
 
     (tmp_path / "pkg_for_ray").mkdir()
     (tmp_path / "pkg_for_ray" / "__init__.py").write_text("def net(*a, **k): ...\n")

@@ -35,8 +35,8 @@ def _strip_later_fields(spec: dict[str, Any]) -> None:
 def old_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A K = 0 search interrupted after its charge, its sealed run spec rewritten as an older dptune wrote
     it, then resumed (no new charge) to its release."""
-    from dptune._search import driver
-    from dptune._search.runner import SearchInterrupted
+    from dptune.tuning import driver
+    from dptune.tuning.runner import SearchInterrupted
 
     base = tmp_path_factory.mktemp("old")
     req = driver.SearchRequest(space=load_space(SPACE), run_dir=base / "old", ledger=base / "l.sqlite",
@@ -62,7 +62,7 @@ def old_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_an_older_sealed_run_spec_reads_at_the_later_defaults() -> None:
     import json
 
-    from dptune._search.driver import run_spec, sealed_run_spec
+    from dptune.tuning.driver import run_spec, sealed_run_spec
 
     spec = json.loads(json.dumps(run_spec(load_space(SPACE))))  # as state.json holds it
     old = json.loads(json.dumps(spec))

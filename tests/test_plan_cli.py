@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from dptune import accounting as A
+from dptune.cli.plan import main
 from dptune.config import ConfigError, load_space
-from dptune.plan import main
 
 EXPLICIT = ["--noise-multiplier", "1.5", "--sampling-rate", "0.04", "--steps", "2250", "--delta", "1e-5"]
 

@@ -65,8 +65,8 @@ def _reachable_by_others(path: Path) -> bool:
 
 _SESSION = """
 import sys
-from dptune._search.options import RayOptions
-from dptune._search.raysession import RaySession
+from dptune.tuning.options import RayOptions
+from dptune.tuning.raysession import RaySession
 import ray
 s = RaySession(RayOptions(num_cpus=1, dashboard_port=int(sys.argv[1])))
 s.__enter__()
@@ -133,7 +133,7 @@ def test_a_local_search_listens_on_loopback_only_and_no_exporter_serves_trial_se
     series; in fact nothing listens beyond loopback, and dptune's own check (printed after start) agrees."""
     import importlib
 
-    from dptune._search.raysession import is_loopback, listening_beyond_loopback  # imports Ray (ships psutil)
+    from dptune.tuning.raysession import is_loopback, listening_beyond_loopback  # imports Ray (ships psutil)
 
     psutil = importlib.import_module("psutil")
 

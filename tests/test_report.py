@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from dptune import _plots
+from dptune import plots
 from dptune.accounting import epsilon, plan_search
 from dptune.certificate import Certificate, load_certificate
+from dptune.cli.report import ledger_series, main, search_trial_event
 from dptune.config import load_space
 from dptune.errors import ConfigError
 from dptune.ledger import Ledger
-from dptune.report import ledger_series, main, search_trial_event
 from dptune.rundir import RunDir
 from dptune.trials import read_trials, write_trials
 from tests.conftest import free_port, run_cli
@@ -120,17 +120,17 @@ def test_stopping_rule_figure_and_known_answers(search_run: tuple[Path, Path, di
     trial, rule, tune_fraction = search_trial_event(cert)
     assert tune_fraction == 1.0
     assert rule.label() == "poisson(mean=2)"
-    png = _plots.stopping_rule_figure(trial, cert.delta, (1, 2, 3, 10), tmp_path / "rules.png", mark=rule)
+    png = plots.stopping_rule_figure(trial, cert.delta, (1, 2, 3, 10), tmp_path / "rules.png", mark=rule)
     assert (tmp_path / "rules.png").read_bytes() == png
     _check_png(png)
-    table = _plots.stopping_rule_table(trial, cert.delta, (1, 2, 3, 10))
+    table = plots.stopping_rule_table(trial, cert.delta, (1, 2, 3, 10))
     # oracles: the certificate's own ε (Poisson, mean 2), and one composed trial is the trial itself
     assert dict(table["Poisson"])[2.0] == pytest.approx(cert.epsilon, rel=1e-9)
     composed = dict(table["composition (K fixed, every trial charged)"])
     assert composed[1.0] == pytest.approx(epsilon([trial], cert.delta), rel=1e-9)
     assert composed[10.0] > dict(table["Poisson"])[10.0]  # random stopping beats composing 10 trials here
     with pytest.raises(ValueError):
-        _plots.stopping_rule_figure(trial, cert.delta, (0.5, 2))
+        plots.stopping_rule_figure(trial, cert.delta, (0.5, 2))
 
 
 @pytest.mark.ray
@@ -141,7 +141,7 @@ def test_ledger_series_composes_like_the_ledger(search_run: tuple[Path, Path, di
     [fp] = ledger.fingerprints()
     assert series[ledger.label(fp)][-1][1] == pytest.approx(ledger.spent(fp), rel=1e-9)
     assert budgets[ledger.label(fp)] == 30.0 and [r["status"] for r in rows] == ["committed"]
-    _check_png(_plots.ledger_figure(series, budgets))
+    _check_png(plots.ledger_figure(series, budgets))
 
 
 @pytest.mark.ray
@@ -163,9 +163,9 @@ def test_failed_trials_and_explicit_paths(search_run: tuple[Path, Path, dict[str
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     assert capsys.readouterr().err.startswith("WARNING")
     # a crashed trial sits below the real scores, in its own marker
-    png = _plots.score_figure([dataclasses.asdict(r) for r in rows], ["batch_size", "learning_rate"])
+    png = plots.score_figure([dataclasses.asdict(r) for r in rows], ["batch_size", "learning_rate"])
     _check_png(png)
-    _check_png(_plots.score_figure([], []))
+    _check_png(plots.score_figure([], []))
 
 
 @pytest.mark.ray
@@ -230,7 +230,7 @@ def test_search_trial_event_reads_any_search_certificate(fraction: float) -> Non
     cert = Certificate.build("f" * 64, plan.delta, [("search", plan.search_event)], plan.stopping.describe())
     trial, rule, tune_fraction = search_trial_event(cert)
     assert (trial, rule, tune_fraction) == (plan.trial_event, plan.stopping, fraction)
-    table = _plots.stopping_rule_table(trial, cert.delta, (1, rule.mean), tune_fraction=tune_fraction)
+    table = plots.stopping_rule_table(trial, cert.delta, (1, rule.mean), tune_fraction=tune_fraction)
     assert dict(table[rule.family()])[rule.mean] == pytest.approx(cert.epsilon, rel=1e-9)
 
 
@@ -240,7 +240,7 @@ def test_out_is_private_never_writes_into_a_release_or_a_certified_folder(tmp_pa
     final-training output); a folder only the curator reads is still accepted."""
     import argparse
 
-    from dptune.report import _out_path
+    from dptune.cli.report import _out_path
 
     run = RunDir(tmp_path / "runs" / "mine")
     run.create()

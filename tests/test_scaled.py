@@ -204,8 +204,8 @@ BAD = [  # (name, edit, base space, field the message must name)
 def test_bad_scaled_space_exits_2_and_charges_nothing(name: str, edit: dict[str, dict[str, object]], base: Path,
                                                       field: str, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from dptune.plan import main as plan_main
-    from dptune.search import main as search_main
+    from dptune.cli.plan import main as plan_main
+    from dptune.cli.search import main as search_main
 
     space = _variant(tmp_path, name, edit, base)
     ledger = tmp_path / "ledger.sqlite"
@@ -223,14 +223,14 @@ def test_bad_scaled_space_exits_2_and_charges_nothing(name: str, edit: dict[str,
     (["--loss-per-doubling", "-1"], "--loss-per-doubling"), (["--min-gain", "nan"], "--min-gain"),
 ])
 def test_bad_plan_flags_exit_2(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from dptune.plan import main as plan_main
+    from dptune.cli.plan import main as plan_main
 
     assert plan_main(["--space", str(SPACE), *args]) == 2
     assert flag in capsys.readouterr().err
 
 
 def test_plan_cli_prints_the_scaled_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    from dptune.plan import main as plan_main
+    from dptune.cli.plan import main as plan_main
 
     assert plan_main(["--space", str(SPACE), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["transfer"]
@@ -256,7 +256,7 @@ def _noisy_max_choice(run: Path, rows: list[dict[str, object]], beta: float) -> 
     the sealed raw validation accuracies (180 validation examples)."""
     import numpy as np
 
-    from dptune._search.draw import Draw
+    from dptune.tuning.draw import Draw
 
     seed = Draw.load(run / "sealed" / "draw.json").stream_seed("selection")
     gumbel = np.random.default_rng(seed).gumbel(0.0, beta, size=len(rows))
@@ -273,7 +273,7 @@ def test_scaled_search_and_final_training_end_to_end(selection: str, tmp_path: P
     what was released is what the selection rule chose (the shipped noisy max, or a noised score per trial)."""
     import torch
 
-    from dptune.train import main as train_main
+    from dptune.cli.train import main as train_main
 
     env = {**isolated_env_for(tmp_path), "RAY_ADDRESS": "local"}
     ledger = tmp_path / "ledger.sqlite"

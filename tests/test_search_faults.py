@@ -215,9 +215,9 @@ def test_an_unwritable_run_folder_after_the_reservation_says_where_the_charge_st
     """Item 19: a run folder that cannot be written (as a full disk) gave a raw traceback, and the failure
     handler itself crashed writing driver.log. Now: exit 1, the charge's state and the exact resume command,
     whatever else fails; the command works once the folder can be written. K = 0: no Ray needed."""
-    from dptune._search import driver
-    from dptune._search.runner import SearchInterrupted
     from dptune.config import load_space
+    from dptune.tuning import driver
+    from dptune.tuning.runner import SearchInterrupted
 
     monkeypatch.chdir(tmp_path)
     seed = str(digits_seed_with_k(0, 0))

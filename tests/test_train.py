@@ -19,9 +19,9 @@ from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 from dptune import accounting as A
 from dptune._params import trial_steps
 from dptune.certificate import load_certificate, verify_binding
+from dptune.cli.train import main as train_main
 from dptune.config import ConfigError
 from dptune.ledger import Ledger
-from dptune.train import main as train_main
 from tests.conftest import digits_seed_with_k, free_port, run_cli
 
 SPACE = "search_spaces/digits.yaml"

@@ -83,7 +83,7 @@ def _hopeless(tmp_path: Path) -> Path:
 
 def test_the_verdict_gate_exits_2_before_anything_is_charged(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from dptune.search import main as search_main
+    from dptune.cli.search import main as search_main
 
     ledger = tmp_path / "ledger.sqlite"
     rc = search_main(["--space", str(_hopeless(tmp_path)), "--ledger", str(ledger), "--budget-epsilon", "30",

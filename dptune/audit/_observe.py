@@ -21,7 +21,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dptune._search.draw import make_draw
 from dptune.accounting import Plan
 from dptune.audit._canaries import Canaries, audit_basis, audit_splits
 from dptune.config import SearchSpace, TrialConfig
@@ -29,6 +28,7 @@ from dptune.data import Splits
 from dptune.dpsgd import AuditHooks, TrialResult, init_model, run_trial
 from dptune.release import select_best
 from dptune.trials import TrialRow
+from dptune.tuning.draw import make_draw
 
 __all__ = ["CANARY_GRADIENT", "Observation", "SearchObservation", "black_box_scores", "ideal_white_box_scores",
            "noised_sums", "observed_search", "observed_trial", "white_box_scores"]

@@ -25,15 +25,15 @@ import ray
 from ray import tune
 from ray.tune import Callback
 
-from dptune._search.draw import Draw
-from dptune._search.options import RayOptions
-from dptune._search.searchers import search_alg
-from dptune._search.trainable import dptune_trial
 from dptune.config import SearchSpace
 from dptune.errors import ConfigError
 from dptune.rundir import RunDir
 from dptune.searchers import searcher
 from dptune.trials import TrialRow
+from dptune.tuning.draw import Draw
+from dptune.tuning.options import RayOptions
+from dptune.tuning.searchers import search_alg
+from dptune.tuning.trainable import dptune_trial
 
 __all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials",
            "sealed_ray_logs"]

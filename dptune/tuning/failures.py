@@ -40,7 +40,7 @@ class SearchStopped(Exception):
 
 
 def is_interrupt(e: BaseException) -> bool:
-    from dptune._search.runner import InfrastructureFailure, SearchInterrupted
+    from dptune.tuning.runner import InfrastructureFailure, SearchInterrupted
 
     return isinstance(e, KeyboardInterrupt) or (isinstance(e, SearchInterrupted)
                                                 and not isinstance(e, InfrastructureFailure))
@@ -71,7 +71,7 @@ def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, in
     charge stands — each step best-effort: the failure may be the disk or the ledger itself."""
     import traceback
 
-    from dptune._search.runner import SearchFailed, SearchInterrupted
+    from dptune.tuning.runner import SearchFailed, SearchInterrupted
 
     rows = list(e.rows) if isinstance(e, SearchInterrupted) else []
     if isinstance(e, SearchInterrupted):

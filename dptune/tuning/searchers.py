@@ -10,7 +10,7 @@ from dptune.config import SearchSpace
 from dptune.searchers import searcher
 
 if TYPE_CHECKING:
-    from dptune._search.draw import Draw
+    from dptune.tuning.draw import Draw
 
 __all__ = ["search_alg"]
 

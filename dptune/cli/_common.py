@@ -7,25 +7,7 @@ from collections.abc import Callable
 
 from dptune.config import ConfigError
 
-__all__ = ["callable_module", "quiet_libraries", "run_cli"]
-
-
-def callable_module(name: str, api_function: str) -> None:
-    """Make CLI module ``name`` (e.g. ``dptune.search``) callable as the API function of the same name.
-
-    ``dptune.search`` is both a module (``python -m dptune.search``) and the API function
-    ``dptune.search(...)``: importing the submodule rebinds the package attribute to the module, so the
-    module itself forwards calls to :mod:`dptune.api`.
-    """
-    import types
-
-    class _Module(types.ModuleType):
-        def __call__(self, *args: object, **kwargs: object) -> object:
-            from dptune import api
-
-            return getattr(api, api_function)(*args, **kwargs)
-
-    sys.modules[name].__class__ = _Module
+__all__ = ["quiet_libraries", "run_cli"]
 
 
 def quiet_libraries() -> None:

@@ -18,10 +18,6 @@ from typing import Any
 
 import optuna.distributions as od
 
-from dptune._search.draw import Draw, make_draw
-from dptune._search.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
-from dptune._search.options import RayOptions, check_auth_mode, check_token_file
-from dptune._search.precharge import check_public, validate_models, verdict, with_layer_clip
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta, python_m
@@ -36,6 +32,10 @@ from dptune.release import (
 )
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
+from dptune.tuning.draw import Draw, make_draw
+from dptune.tuning.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
+from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
+from dptune.tuning.precharge import check_public, validate_models, verdict, with_layer_clip
 
 __all__ = ["SearchOutcome", "SearchRequest", "SearchStopped", "run_search", "run_spec", "sealed_run_spec"]
 
@@ -221,8 +221,8 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
                 say: Callable[[str], None]) -> tuple[list[TrialRow], str | None]:
     if draw.k == 0:
         return [], None
-    from dptune._search import runner
-    from dptune._search.raysession import RaySession
+    from dptune.tuning import runner
+    from dptune.tuning.raysession import RaySession
 
     data = p.data
     f = req.space.tune_fraction

@@ -21,8 +21,8 @@ from typing import Any
 
 import ray
 
-from dptune._search.options import RayOptions, check_auth_mode, check_token_file
 from dptune.errors import ConfigError
+from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
 
 __all__ = ["RaySession", "is_loopback", "listening_beyond_loopback", "private_ray_parent", "remove_stale_ray_dirs"]
 

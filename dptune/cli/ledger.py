@@ -1,0 +1,135 @@
+"""``python -m dptune.ledger {show,set-budget,new-budget}``: budgets and charges of a ledger (curator only).
+
+``new-budget --space S`` is the one explicit way to open a budget for data that resembles or partly overlaps
+a budgeted dataset: it reads the space's dataset, lists every existing budget and those the data overlaps (by
+record ids) or resembles (by content), then opens the budget. ``set-budget --dataset-id`` changes an existing
+budget only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dptune.cli._common import run_cli
+from dptune.errors import ConfigError, check_delta, check_positive, python_m
+from dptune.ledger import Ledger, budget_key, budget_match, default_ledger_path, open_budget
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dptune.ledger", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    show = sub.add_parser("show", help="budgets and charges")
+    show.add_argument("--ledger", help="default: the per-user ledger searches use")
+    show.add_argument("--json", action="store_true")
+    sb = sub.add_parser("set-budget", help="set a dataset's (ε, δ) budget")
+    sb.add_argument("--ledger", help="default: the per-user ledger searches use")
+    sb.add_argument("--dataset-id", "--fingerprint", dest="dataset_id", required=True,
+                    help="the budget's id, as `show` prints it (only an existing budget can be changed)")
+    sb.add_argument("--epsilon", type=float, required=True)
+    sb.add_argument("--delta", type=float, required=True)
+    sb.add_argument("--label", default="")
+    nb = sub.add_parser("new-budget", help="open the budget of a space's dataset (lists existing budgets first)")
+    nb.add_argument("--ledger", help="default: the per-user ledger searches use")
+    nb.add_argument("--space", required=True, help="the search space whose dataset gets the budget")
+    nb.add_argument("--epsilon", type=float, required=True)
+    nb.add_argument("--delta", type=float, required=True)
+    nb.add_argument("--label", default="", help="a name for the budget (default: the dataset's name)")
+    return parser
+
+
+def _reader(path: Path) -> Ledger:
+    """The ledger for reading: opened as usual (upgrading an older schema), or read-only when its folder or
+    file cannot be written (SQLite would need to create its -wal/-shm files beside it)."""
+    import sqlite3
+
+    try:
+        ledger = Ledger(path)
+        ledger.fingerprints()
+        return ledger
+    except (sqlite3.OperationalError, PermissionError):
+        return Ledger(path, read_only=True)
+
+
+def _show(ledger: Ledger) -> list[dict[str, Any]]:
+    """Every budget and its charges, by public random id and label: the key (a hash of the data) stays inside."""
+    out: list[dict[str, Any]] = []
+    for fp in ledger.fingerprints():
+        b = ledger.budget(fp)
+        out.append({"dataset_id": ledger.dataset_id(fp) if b else None, "label": ledger.label(fp, with_id=False) if b else None,
+                    "budget_epsilon": b[0] if b else None, "budget_delta": b[1] if b else None,
+                    "spent_epsilon": ledger.spent(fp),
+                    "charges": [{"id": c.id, "token": c.token, "name": c.name, "epsilon": c.epsilon,
+                                 "status": c.status, "created": c.created} for c in ledger.charges(fp)]})
+    return out
+
+
+def _new_budget(args: argparse.Namespace, path: Path) -> int:
+    from dptune.config import load_space
+    from dptune.data import load_dataset
+
+    check_positive("--epsilon", args.epsilon, "choose a total budget, e.g. 8")
+    check_delta("--delta", args.delta)
+    dataset = load_space(args.space).dataset
+    data = load_dataset(dataset)
+    ledger = Ledger(path)
+    print(f"ledger: {ledger.path}")
+    key = budget_key(ledger, data)
+    if ledger.budget(key) is not None:
+        raise ConfigError("--space", f"these very records already have a budget: {ledger.label(key)}",
+                          f"change it with {python_m('dptune.ledger')} set-budget --dataset-id {ledger.dataset_id(key)}")
+    found = budget_match(ledger, data, data.pool_fingerprint())
+    budgets = [d for d in _show(ledger) if d["dataset_id"]]
+    print(f"existing budgets ({len(budgets)}):" if budgets else "no budgets yet")
+    for d in budgets:
+        print(f"  {d['label']} (id {d['dataset_id']}): ε = {d['budget_epsilon']:g}, δ = {d['budget_delta']:g}, spent ε = "
+              f"{d['spent_epsilon']:.4g}")
+    for key in found.overlapped:
+        print(f"  this data shares records with {ledger.label(key)}: its searches are charged to that budget too")
+    for key in found.near:
+        print(f"  this data's content nearly matches {ledger.label(key)} (no shared record id): if it is a copy, "
+              "declare the same record ids instead of opening a budget")
+    if data.record_ids is None:
+        print("  WARNING: no dataset.id_column: the ledger knows this table's records only by their content")
+    open_budget(ledger, data, args.epsilon, args.delta, label=args.label or dataset.name)
+    print(f"opened the budget of {ledger.label(key)}: ε = {args.epsilon:g}, δ = {args.delta:g}")
+    return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
+    if args.command == "new-budget":
+        return _new_budget(args, path)
+    if not path.is_file():  # Ledger() would create it: a typo must be an error, not an empty ledger
+        raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
+    ledger = _reader(path) if args.command == "show" else Ledger(path)
+    print(f"ledger: {ledger.path}", file=sys.stderr)
+    if args.command == "set-budget":
+        check_positive("--epsilon", args.epsilon, "choose a total budget, e.g. 8")
+        check_delta("--delta", args.delta)
+        key = ledger.budget_key(args.dataset_id)  # refuses an id that names no budget (no phantom budget)
+        ledger.set_budget(key, args.epsilon, args.delta, args.label)
+        print(f"budget of {ledger.label(key)}: ε = {args.epsilon:g}, δ = {args.delta:g}")
+        return 0
+    out = _show(ledger)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    for d in out:
+        name = f"{d['label']} (id {d['dataset_id']})" if d["dataset_id"] else "charges without a budget"
+        print(f"{name}: budget ε = {d['budget_epsilon']}, δ = {d['budget_delta']}; "
+              f"spent ε = {d['spent_epsilon']:.4g} (composed events; the smaller of the RDP and PLD bounds)")
+        for c in d["charges"]:
+            print(f"  #{c['id']:<4} {c['status']:<9} ε = {c['epsilon']:.4g}  {c['name']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return run_cli(lambda: _main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The commands in one place: the ``dptune`` console script and ``python -m dptune.<command>`` run the same code
+(``dptune.cli``), and ``dptune.search``/``plan``/``train`` stay plain API functions (no module trick)."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dptune
+from dptune.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACE = str(ROOT / "search_spaces" / "digits.yaml")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_the_console_script_and_python_m_print_the_same_plan() -> None:
+    script = shutil.which("dptune", path=str(Path(sys.executable).parent))
+    assert script is not None, "the dptune console script is not installed (pip install -e .)"
+    via_script = _run(script, "plan", "--space", SPACE)
+    via_module = _run(sys.executable, "-m", "dptune.plan", "--space", SPACE)
+    assert via_script.returncode == via_module.returncode == 0, via_script.stderr + via_module.stderr
+    assert via_script.stdout == via_module.stdout and "whole search" in via_script.stdout
+
+
+def test_api_functions_are_plain_functions_and_entry_points_are_not_importable() -> None:
+    for name in ("search", "plan", "train"):
+        assert inspect.isfunction(getattr(dptune, name)), name
+    r = _run(sys.executable, "-c", "import dptune.search")
+    assert r.returncode != 0 and "import dptune.cli.search" in r.stderr
+    r = _run(sys.executable, "-c", "import dptune, dptune.cli.search; print(type(dptune.search).__name__)")
+    assert r.stdout.strip() == "function", r.stderr
+
+
+def test_unknown_and_missing_commands_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert main(["serch"]) == 2
+    err = capsys.readouterr().err
+    assert "'serch' is not a dptune command" in err and ", ".join(COMMANDS) in err
+    assert main(["--help"]) == 0 and "dptune <command>" in capsys.readouterr().out
+    assert main(["plan", "--space", SPACE, "--target-epsilon", "-1"]) == 2  # the command's own exit 2
