@@ -155,10 +155,15 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 def field_rows(section: str, cls: type, keys: list[str], docs: dict[str, str],
                extra: Callable[[str], str] = lambda _k: "",
-               value_choices: Callable[[str], list[str] | None] = lambda _k: None) -> list[list[str]]:
+               value_choices: Callable[[str], list[str] | None] = lambda _k: None,
+               not_fields: dict[str, list[str]] | None = None) -> list[list[str]]:
+    """``not_fields``: accepted keys that are no field of ``cls`` (an older file's spelling), with their row."""
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     rows = []
     for key in keys:
+        if not_fields and key in not_fields:
+            rows.append(not_fields[key])
+            continue
         if key not in fields:
             raise SystemExit(f"gen_spaces: {section}.{key} is accepted but {cls.__name__} has no field {key}")
         if not docs.get(key):
@@ -264,13 +269,32 @@ def generate() -> str:
     out += table([[f"`{kind}`", ", ".join(f"`{k}`" for k in distribution_keys(kind))]
                   for kind in ("float", "int", "categorical")], ["`type`", "keys"])
 
+    from dptune import stopping
+
+    settings = stopping.setting_names()
+    flat = {k: [f"`{k}`", "number", "", f"A stopping-rule setting beside the rule's name (an older file's spelling "
+                f"of `stopping: {{rule: …, {k}: …}}`); see [stopping rules](#stopping-rules)."]
+            for k in settings if k not in {f.name for f in dataclasses.fields(PrivacySpec)}}
     out += ["", "### privacy", "", "`privacy:` (`PrivacySpec`).", ""]
     out += table(field_rows("privacy", PrivacySpec, accepted("privacy"), docs[PrivacySpec],
-                            value_choices=privacy_choices), ["key", "type", "default", "what"])
+                            value_choices=privacy_choices, not_fields=flat), ["key", "type", "default", "what"])
+    out += ["", "### stopping rules", "", "`privacy.stopping` names one of these rules (`dptune.stopping`'s "
+            "registry); each checks its own settings, and decides the search's accounting.", ""]
+    rules = []
+    for name in stopping.choices():
+        info, cls = stopping.rule_info(name), accounting.STOPPING_RULES[name]
+        own = [f"`{f.name}`" + ("" if f.default is dataclasses.MISSING else f" (default {yaml_value(f.default)})")
+               for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+        rules.append([f"`{name}`", ", ".join(own), f"`{info.accounting}`", info.summary.replace("``", "`")])
+    out += table(rules, ["rule", "settings", "accounting", "what"])
 
     out += ["", "### search", "", "`search:` (fields of `SearchSpace`).", ""]
+    accounting_row = ["`accounting`", "string", "", "Optional, and only a check: the stopping rule decides the "
+                      "accounting (see [stopping rules](#stopping-rules)); given, it must agree. One of: "
+                      "`random_stopping`, `composed`."]
     out += table(field_rows("search", SearchSpace, accepted("search"), docs[SearchSpace],
-                            value_choices=str_choices("search")), ["key", "type", "default", "what"])
+                            value_choices=str_choices("search"), not_fields={"accounting": accounting_row}),
+                 ["key", "type", "default", "what"])
 
     out += ["", "### planner", "", "`planner:` (`PlannerSpec`): measured on a public proxy task, never on the "
             "private data.", ""]

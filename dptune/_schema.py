@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna.distributions as od
 
-from dptune import _specs, clipping
+from dptune import _specs, clipping, stopping
 from dptune._specs import PlannerSpec
 from dptune.errors import ConfigError, check_positive
 
@@ -258,9 +258,11 @@ class PrivacySpec:
     Attributes:
         delta: The δ of every (ε, δ) the search reports; it must be below 1/n_train.
         stopping: The stopping rule that draws the number of trials K (poisson, tnb), or ``composed`` for a
-            fixed number of trials, each charged.
+            fixed number of trials, each charged: a name, its settings beside it (``mean``, tnb's ``eta``), or
+            a mapping ``{rule: tnb, mean: 3, eta: 0}``. The rule decides the accounting (``dptune.stopping``).
         mean: The mean number of trials (poisson, tnb), or the number of trials (composed).
-        eta: The shape η of the truncated negative binomial (tnb): 0 logarithmic, 1 geometric.
+        stopping_settings: The rule's own settings besides ``mean`` (tnb: ``eta``, the shape η of the truncated
+            negative binomial: 0 logarithmic, 1 geometric), as (name, value) pairs; checked by the rule itself.
         score_noise: Noise on the validation correct-count: the std of each released score's Gaussian (selection
             best_score), or the Gumbel scale of the one noisy-max selection (selection noisy_max); null only with a
             public validation split.
@@ -276,7 +278,7 @@ class PrivacySpec:
     delta: float = 1e-5
     stopping: str = "poisson"
     mean: float = 3.0  # mean number of trials (poisson, tnb) or the fixed number of trials (composed)
-    eta: float = 1.0  # TNB shape: 0 logarithmic, 1 geometric
+    stopping_settings: tuple[tuple[str, float], ...] = ()  # the rule's own settings besides mean (tnb: eta)
     # noise on the validation correct-count: the std of each released score's Gaussian (selection: best_score),
     # or the Gumbel scale of the one noisy-max selection (selection: noisy_max)
     score_noise: float | None = 6.0
@@ -289,6 +291,11 @@ class PrivacySpec:
     # best_score: every trial releases a Gaussian-noised score, the best is released (any searcher);
     # noisy_max: trials release nothing, one report-noisy-max picks the candidate (the scaled searcher)
     selection: str = "best_score"
+
+    @property
+    def eta(self) -> float:
+        """TNB's shape η (1, geometric, where the rule has none): older code's name for one rule's setting."""
+        return float(dict(self.stopping_settings).get("eta", 1.0))
 
     @property
     def trial_score_noise(self) -> float | None:
@@ -308,8 +315,6 @@ class SearchSpace:
         space: The searched hyperparameters and their distributions (``space:``).
         default: The config released when the search draws K = 0 trials (``fixed:`` with ``default:``).
         privacy: The privacy settings (``privacy:``).
-        accounting: How the search is charged: ``random_stopping`` (Papernot-Steinke, K secret) or ``composed``
-            (a fixed number of trials, each charged; required by adaptive searchers).
         searcher: How trials are chosen (``docs/searchers.md``).
         scheduler: ``fifo``, every trial runs to its end; ``asha`` is refused until it is charged per rung.
         tune_fraction: Run the search on a Poisson subsample of this fraction of the training split (1: off).
@@ -324,13 +329,19 @@ class SearchSpace:
     space: dict[str, od.BaseDistribution]
     default: TrialConfig  # released when K = 0
     privacy: PrivacySpec
-    accounting: str = "random_stopping"
     searcher: str = "random"
     scheduler: str = "fifo"
     tune_fraction: float = 1.0
     source: str | None = None
     planner: PlannerSpec = PlannerSpec()
     alc: _specs.AlcSpec | None = None  # adaptive layerwise clipping: its public data (fixed.clipping: alc)
+
+    @property
+    def accounting(self) -> str:
+        """How the search is charged, which its stopping rule decides (``dptune.stopping``): ``random_stopping``
+        (Papernot-Steinke, K secret) or ``composed`` (a fixed number of trials, each charged; what adaptive
+        searchers need). A space file's ``search.accounting``, if given, must agree."""
+        return stopping.accounting_of(self.privacy.stopping)
 
     @property
     def transfers(self) -> bool:

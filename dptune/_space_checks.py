@@ -11,12 +11,13 @@ from typing import Any
 import optuna.distributions as od
 
 from dptune import searchers as _searchers
+from dptune import stopping
 from dptune._schema import PrivacySpec, SearchSpace
 from dptune.clipping import mode as clipping_mode
 from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
 
 __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "SELECTIONS",
-           "check_adaptive", "check_privacy", "check_selection", "check_space", "check_transfer",
+           "check_accounting", "check_adaptive", "check_privacy", "check_selection", "check_space", "check_transfer",
            "check_trial_score_noise"]
 
 SELECTIONS = ("best_score", "noisy_max")
@@ -99,14 +100,26 @@ def check_dataset(dataset: Any) -> None:
             raise ConfigError(f"dataset.{k}", "must be >= 1", "choose a positive number of examples")
 
 
+def check_accounting(field: str, given: str | None, rule: str) -> None:
+    """An accounting mode named beside the stopping rule (an older file's ``search.accounting``, the search's
+    ``--accounting``) must be the one the rule implies: the rule decides it (``dptune.stopping``)."""
+    if given is None:
+        return
+    if given not in ACCOUNTING_MODES:
+        raise ConfigError(field, f"unknown accounting {given!r}", f"use one of: {', '.join(ACCOUNTING_MODES)}")
+    implied = stopping.accounting_of(rule)
+    if given != implied:
+        fix = ("set privacy.stopping: composed and privacy.mean to the number of trials (--trials N)"
+               if given == "composed" else "set privacy.stopping to a random-stopping rule: "
+               + ", ".join(n for n in stopping.choices() if stopping.accounting_of(n) == "random_stopping"))
+        raise ConfigError(field, f"{given} accounting, but privacy.stopping {rule!r} implies {implied}",
+                          f"drop it (the stopping rule decides the accounting), or {fix}")
+
+
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
-    # privacy.stopping names a rule of dptune.accounting's catalogue, which checks it and its mean/eta
-    # (stopping_rule(...), called by every CLI before anything is charged)
+    # privacy.stopping names a registered rule, which checks its own settings (dptune.stopping)
     check_delta("privacy.delta", p.delta)
-    if not (math.isfinite(p.mean) and p.mean >= 1):
-        raise ConfigError("privacy.mean", f"{p.mean!r} is < 1", "choose a mean number of trials >= 1")
-    if not (math.isfinite(p.eta) and p.eta >= 0):
-        raise ConfigError("privacy.eta", f"{p.eta!r} is negative", "choose eta >= 0 (0 logarithmic, 1 geometric)")
+    stopping.rule_info(p.stopping).build({"mean": p.mean, **dict(p.stopping_settings)})
     if not public_validation and p.score_noise is None:
         raise ConfigError("privacy.score_noise", "a private validation score needs noise",
                           "set privacy.score_noise > 0, or dataset.public_validation: true")
@@ -135,18 +148,14 @@ def check_adaptive(s: SearchSpace) -> None:
         why = ("is adaptive: trials depend on earlier private scores, which the Papernot-Steinke random-stopping "
                "theorem does not cover" if sr.adaptive else "chooses among a fixed number of trials by their "
                "private scores")
-        raise ConfigError("search.accounting", f"the {sr.name} searcher {why}",
-                          f"use search.accounting: {' or '.join(sr.accounting)} (composed: every trial charged, "
-                          "a fixed trial count)" + (", or the random searcher" if sr.adaptive else ""))
+        raise ConfigError("privacy.stopping", f"the {sr.name} searcher {why}; {s.privacy.stopping!r} implies "
+                          f"{s.accounting} accounting", "set privacy.stopping: composed and privacy.mean to the "
+                          "number of trials (every trial charged; search --trials N)"
+                          + (", or use the random searcher" if sr.adaptive else ""))
     if s.scheduler == "asha" and s.accounting != "composed":
-        raise ConfigError("search.accounting", "ASHA is adaptive: trials depend on earlier private scores, which the "
-                          "Papernot-Steinke random-stopping theorem does not cover", "use search.accounting: composed")
-    if s.accounting == "composed" and s.privacy.stopping != "composed":
-        raise ConfigError("privacy.stopping", f"{s.privacy.stopping!r} with composed accounting",
+        raise ConfigError("privacy.stopping", "ASHA is adaptive: trials depend on earlier private scores, which the "
+                          "Papernot-Steinke random-stopping theorem does not cover",
                           "set privacy.stopping: composed and privacy.mean to the number of trials")
-    if s.accounting == "random_stopping" and s.privacy.stopping == "composed":
-        raise ConfigError("search.accounting", "random_stopping with privacy.stopping: composed",
-                          "set search.accounting: composed")
     check_transfer(s)
     check_selection(s)
     sr.check(s)

@@ -16,7 +16,7 @@ from typing import Any
 import optuna.distributions as od
 import yaml
 
-from dptune import _specs
+from dptune import _specs, stopping
 from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
 from dptune._schema import (
     CLIPPING_MODES,
@@ -36,6 +36,7 @@ from dptune._space_checks import (
     SCHEDULERS,
     SEARCHABLE,
     SEARCHERS,
+    check_accounting,
     check_adaptive,
     check_dataset,
     check_privacy,
@@ -47,7 +48,7 @@ from dptune.errors import ConfigError, check_unit_interval
 
 __all__ = ["ACCOUNTING_MODES", "CLIPPING_MODES", "INTERNAL_FIELDS", "LATER_FIELDS", "MODELS", "OPTIMIZERS",
            "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "ConfigError", "DatasetSpec", "PlannerSpec", "PrivacySpec",
-           "SearchSpace", "TrialConfig", "check_adaptive", "check_privacy", "check_space", "check_trial_score_noise",
+           "SearchSpace", "TrialConfig", "check_accounting", "check_adaptive", "check_privacy", "check_space", "check_trial_score_noise",
            "coerce_value", "later_defaults", "load_space", "nominal_train_size", "parse_space", "support_extremes",
            "support_values"]
 
@@ -86,9 +87,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
         raise ConfigError(unknown[0], "unknown top-level key", f"use only: {', '.join(_TOP_KEYS)}")
     name = raw.get("name") or (Path(source).stem if source else "space")
     dataset = _parse_dataset(raw)
-    privacy_raw = _section(raw, "privacy", tuple(f.name for f in dataclasses.fields(PrivacySpec)))
-    privacy = PrivacySpec(**{k: coerce_value(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
-                             for k, v in privacy_raw.items()})
+    privacy = _parse_privacy(raw)
     check_privacy(privacy, public_validation=dataset.public_validation)
     fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.trial_score_noise)
     _specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
@@ -97,10 +96,37 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
                              for k, v in planner_raw.items()})
     planner = _specs.with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
-                            privacy=privacy, source=source, planner=planner, **_parse_search(raw),
+                            privacy=privacy, source=source, planner=planner, **_parse_search(raw, privacy),
                             alc=_specs.parse_alc(raw.get("alc"), _parse_dataset))
     check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)
     return space_obj
+
+
+def _parse_privacy(raw: Mapping[str, Any]) -> PrivacySpec:
+    """``privacy:``. The stopping rule is a name with its settings beside it (``stopping: tnb``, ``mean: 3``,
+    ``eta: 0``: every older file) or a mapping (``stopping: {rule: tnb, mean: 3, eta: 0}``); the rule's own
+    settings (all but ``mean``) go to ``stopping_settings`` and the rule itself checks them (``check_privacy``)."""
+    own = tuple(f.name for f in dataclasses.fields(PrivacySpec) if f.name != "stopping_settings")
+    pr = _section(raw, "privacy", own + tuple(n for n in stopping.setting_names() if n not in own))
+    rule = pr.get("stopping", PrivacySpec.stopping)
+    settings: dict[str, Any] = {}
+    if isinstance(rule, Mapping):
+        rule = dict(rule)
+        if "rule" not in rule:
+            raise ConfigError("privacy.stopping.rule", "a stopping mapping needs the rule's name",
+                              "e.g. stopping: {rule: tnb, mean: 3, eta: 0}")
+        if "mean" in rule and "mean" in pr:
+            raise ConfigError("privacy.mean", "given twice (also in privacy.stopping)", "keep one")
+        pr["stopping"] = rule.pop("rule")
+        pr.update({"mean": rule.pop("mean")} if "mean" in rule else {})
+        settings = {k: coerce_value(f"privacy.stopping.{k}", v, float) for k, v in rule.items()}
+    flat = {k: pr.pop(k) for k in list(pr) if k not in own}
+    if not settings:  # an older file's flat settings; one that is not its rule's was ignored before, and still is
+        names = stopping.rule_info(pr.get("stopping", PrivacySpec.stopping)).settings
+        settings = {k: coerce_value(f"privacy.{k}", v, float) for k, v in flat.items() if k in names}
+    privacy = PrivacySpec(**{k: coerce_value(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
+                             for k, v in pr.items()})
+    return dataclasses.replace(privacy, stopping_settings=tuple(sorted(settings.items())))
 
 
 def _parse_dataset(raw: Mapping[str, Any]) -> DatasetSpec:
@@ -148,13 +174,13 @@ def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
     return fixed, space
 
 
-def _parse_search(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any]:
     search_raw = _section(raw, "search", ("accounting", "searcher", "scheduler", "tune_fraction"))
-    out = {"accounting": search_raw.get("accounting", "random_stopping"),
-           "searcher": search_raw.get("searcher", "random"), "scheduler": search_raw.get("scheduler", "fifo")}
-    for key, allowed in (("accounting", ACCOUNTING_MODES), ("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
+    out = {"searcher": search_raw.get("searcher", "random"), "scheduler": search_raw.get("scheduler", "fifo")}
+    for key, allowed in (("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
         if out[key] not in allowed:
             raise ConfigError(f"search.{key}", f"unknown {key} {out[key]!r}", f"use one of: {', '.join(allowed)}")
+    check_accounting("search.accounting", search_raw.get("accounting"), privacy.stopping)
     tune_fraction = coerce_value("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
     out["tune_fraction"] = check_unit_interval("search.tune_fraction", tune_fraction, "choose e.g. 0.25, or 1 for off",
                                                include_one=True)

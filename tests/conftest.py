@@ -45,11 +45,11 @@ def digits_seed_with_k(lo: int, hi: int) -> int:
     """A (NOT PRIVATE, test-only) draw seed for which the digits space's stopping rule draws lo <= K <= hi."""
     import numpy as np
 
-    from dptune.accounting import stopping_rule
+    from dptune.accounting import rule_of
     from dptune.config import load_space
 
     p = load_space(ROOT / "search_spaces" / "digits.yaml").privacy
-    rule = stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
+    rule = rule_of(p)
     return next(s for s in range(10_000) if lo <= rule.draw_k(np.random.default_rng([s, 0])) <= hi)
 
 

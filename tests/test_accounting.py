@@ -228,7 +228,7 @@ def test_rule_owns_its_charge(rule: A.StoppingRule) -> None:
     assert rule.search_rdp(batch) == pytest.approx(np.stack([A.rdp_of(rule.search_event(t)) for t in trials]),
                                                    rel=1e-12)
     assert rule.from_search_event(rule.search_event(trials[0])) == (trials[0], rule)
-    assert A.stopping_rule(rule.name, mean=rule.mean, eta=getattr(rule, "eta", 1.0)) == rule
+    assert type(rule).from_settings({n: getattr(rule, n) for n in rule.setting_names()}) == rule
     assert rule.describe()["rule"] == rule.name and A.STOPPING_RULES[rule.name] is type(rule)
     assert rule.random_stopping == (not isinstance(rule, A.Composed))
 

@@ -178,7 +178,7 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("search", lambda w: ["--space", str(w["corrupt"])], "malformed YAML"),
     ("search", lambda w: ["--space", str(w["wrong_type"])], "fixed.epochs"),
     ("search", lambda w: ["--space", str(w["unknown"])], "colour"),
-    ("search", lambda w: ["--space", str(SPACE), "--searcher", "tpe"], "search.accounting"),
+    ("search", lambda w: ["--space", str(SPACE), "--searcher", "tpe"], "privacy.stopping"),
     ("search", lambda w: ["--space", str(SPACE), "--accounting", "composed", "--trials", "0"], "--trials"),
     ("search", lambda w: ["--space", str(SPACE), "--epochs", "0"], "--epochs"),
     ("search", lambda w: ["--space", str(SPACE), "--budget-epsilon", "-1"], "--budget-epsilon"),

@@ -101,7 +101,9 @@ def _mutate(path: str, value: object) -> dict:
     ("privacy.delta", 0.0, "privacy.delta"),
     ("privacy.delta", 2.0, "privacy.delta"),
     ("privacy.mean", 0.5, "privacy.mean"),
-    ("privacy.eta", -1.0, "privacy.eta"),
+    ("privacy.stopping", {"rule": "tnb", "eta": -1.0}, "privacy.eta"),  # the rule checks its settings
+    ("privacy.stopping", {"rule": "poisson", "eta": 0}, "privacy.stopping.eta"),  # not poisson's
+    ("privacy.stopping", {"eta": 0}, "privacy.stopping.rule"),
     ("privacy.stopping", "sometimes", "privacy.stopping"),
     ("privacy.score_noise", -3.0, "privacy.score_noise"),
     ("space.noise_multiplier", {"type": "float", "low": 0.0, "high": 2.0}, "noise_multiplier"),
@@ -111,7 +113,8 @@ def _mutate(path: str, value: object) -> dict:
     ("default.groups", KeyError, "default.groups"),
     ("model.name", "vgg", "model"),
     ("fixed.epochs", "many", "fixed.epochs"),
-    ("search.searcher", "tpe", "search.accounting"),
+    ("search.searcher", "tpe", "privacy.stopping"),  # the rule decides the accounting; TPE needs composition
+    ("search.accounting", "composed", "search.accounting"),  # given, it must agree with the rule (poisson)
     ("dataset.name", "imagenet", "dataset.name"),
 ])
 def test_bad_space_exits_2(tmp_path: Path, path: str, value: object, field: str,
@@ -143,3 +146,66 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert main(["--space", "search_spaces/digits.yaml", "--plot", str(tmp_path / "no" / "x.png")]) == 2
     assert "--plot" in capsys.readouterr().err
+
+
+def test_a_new_stopping_rule_with_its_own_setting_is_its_class_plus_one_line() -> None:
+    """The registry's promise, in a fresh interpreter (the registry is global): a rule class with a setting of its
+    own, registered with one line, is read from a space, checked by itself, decides the accounting, and plans."""
+    import subprocess
+    import sys
+
+    space_file = str(Path(__file__).resolve().parent.parent / "search_spaces" / "digits.yaml")
+    code = f"""
+import dataclasses, math, yaml
+from typing import ClassVar
+import dptune
+from dptune.accounting import register_rule
+from dptune.accounting._rules import Poisson
+from dptune.errors import ConfigError
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Toy(Poisson):
+    '''K ~ Poisson(mean), with a setting of its own (a registry test).'''
+    name: ClassVar[str] = "toy"
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.weight > 0:
+            raise ConfigError("privacy.weight", f"{{self.weight!r}} is not > 0", "choose weight > 0")
+
+register_rule(Toy)  # the one line
+raw = yaml.safe_load(open({space_file!r}))
+raw["privacy"]["stopping"] = {{"rule": "toy", "weight": 2}}
+space = dptune.load_space({space_file!r})
+plan, base = dptune.plan(raw), dptune.plan(space)
+assert plan.stopping == Toy(mean=space.privacy.mean, weight=2.0), plan.stopping
+assert math.isclose(plan.search_epsilon, base.search_epsilon, rel_tol=1e-12)
+for bad, field in (({{"rule": "toy", "weight": -1}}, "privacy.weight"), ({{"rule": "toy", "eta": 0}}, "privacy.stopping.eta")):
+    raw["privacy"]["stopping"] = bad
+    try:
+        dptune.plan(raw)
+    except ConfigError as e:
+        assert e.field == field, e
+    else:
+        raise AssertionError(bad)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_a_stopping_mapping_reads_as_the_older_flat_settings() -> None:
+    from dptune.config import parse_space
+
+    raw = yaml.safe_load(Path("search_spaces/cifar10_wrn16_4.yaml").read_text())  # tnb, eta 0, flat
+    flat = parse_space(raw)
+    p = raw["privacy"]
+    raw["privacy"] = {**{k: v for k, v in p.items() if k not in ("stopping", "mean", "eta")},
+                      "stopping": {"rule": p["stopping"], "mean": p["mean"], "eta": p["eta"]}}
+    mapped = parse_space(raw)
+    assert mapped.privacy == flat.privacy and dict(flat.privacy.stopping_settings) == {"eta": 0.0}
+    assert mapped.accounting == "random_stopping"
+    raw["privacy"]["stopping"]["rule"] = "composed"  # the rule decides the accounting; eta is not its setting
+    with pytest.raises(ConfigError, match=r"privacy.stopping.eta.*composed rule has no setting"):
+        parse_space(raw)

@@ -142,7 +142,7 @@ def test_over_budget_exits_2_before_ray(tmp_path: Path, isolated_env: dict[str, 
 
 
 @pytest.mark.parametrize("extra, field", [
-    (["--searcher", "tpe"], "search.accounting"),
+    (["--searcher", "tpe"], "privacy.stopping"),
     (["--accounting", "composed"], "--trials"),
     (["--trials", "0", "--accounting", "composed"], "--trials"),
     (["--cpus-per-trial", "0"], "--cpus-per-trial"),

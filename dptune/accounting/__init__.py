@@ -31,7 +31,14 @@ from dptune.accounting._accountant import (
 from dptune.accounting._advice import Advice, Candidate, advise
 from dptune.accounting._amplify import poisson_subsampled_rdp
 from dptune.accounting._calibrate import calibrate_noise_multiplier, calibrate_sigma, calibrate_tight
-from dptune.accounting._catalogue import STOPPING_RULES, alternative_rules, comparison_rules, stopping_rule
+from dptune.accounting._catalogue import (
+    STOPPING_RULES,
+    alternative_rules,
+    comparison_rules,
+    register_rule,
+    rule_of,
+    stopping_rule,
+)
 from dptune.accounting._convert import ORDERS
 from dptune.accounting._events import (
     NoisyMaxDpEvent,
@@ -99,6 +106,8 @@ __all__ = [
     "calibrate_tight",
     "certify",
     "comparison_rules",
+    "register_rule",
+    "rule_of",
     "epsilon",
     "event_from_json",
     "event_to_json",

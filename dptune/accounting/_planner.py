@@ -14,7 +14,7 @@ from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._amplify import check_fraction
 from dptune.accounting._calibrate import calibrate_tight
-from dptune.accounting._catalogue import alternative_rules, stopping_rule
+from dptune.accounting._catalogue import alternative_rules, rule_of
 from dptune.accounting._events import NoisyMaxDpEvent, WorstCaseDpEvent, trial_event, with_selection
 from dptune.accounting._rdp import rdp_epsilon
 from dptune.accounting._rules import StoppingRule
@@ -143,7 +143,7 @@ def _charge(space: SearchSpace, n_train: int, stopping: StoppingRule | None, sig
     """(rule, reachable points, worst-case trial event, the search's charge under a rule): :func:`plan_search`."""
     check_trial_score_noise(space)  # what the trials run is what privacy says, or nothing is planned
     p = space.privacy
-    rule = stopping or stopping_rule(p.stopping, mean=p.mean, eta=p.eta)
+    rule = stopping or rule_of(p)
     if sigma_low is None and space.transfers:
         sigma_low = transfer_trial_sigma(space, n_train)
     f = space.tune_fraction

@@ -11,13 +11,17 @@ rule; ``_catalogue`` chooses among them by name. Each rule owns everything that 
 * ``describe()``: the public description for certificates — the distribution, never the drawn K;
 * ``label()`` (one rule) and ``family()`` (the rule without its mean, for legends).
 
-A new rule is a subclass here plus one line in ``_catalogue``.
+A rule's dataclass fields are its settings (``mean`` and its own, e.g. TNB's ``eta``), read from a space's
+``privacy.stopping`` by the generic :meth:`StoppingRule.from_settings` and checked by the rule's
+``__post_init__`` alone. A new rule is a subclass here plus one ``register_rule`` line in ``_catalogue``.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -46,9 +50,26 @@ class StoppingRule(abc.ABC):
             raise ConfigError("privacy.mean", f"{m!r} is < 1", "choose a mean number of trials >= 1")
 
     @classmethod
-    @abc.abstractmethod
-    def from_settings(cls, *, mean: float, eta: float) -> StoppingRule:
-        """The rule from a search space's ``privacy`` settings (``eta`` only where the rule has a shape)."""
+    def setting_names(cls) -> tuple[str, ...]:
+        """The rule's settings: its dataclass fields (``mean`` first)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+    @classmethod
+    def summary(cls) -> str:
+        return (cls.__doc__ or cls.name).strip().splitlines()[0]
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> StoppingRule:
+        """The rule from a space's settings for it; a setting it does not have is refused, naming it. The values
+        are checked by the rule itself (``__post_init__``: ConfigError naming ``privacy.<setting>``)."""
+        names = cls.setting_names()
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise ConfigError(f"privacy.stopping.{unknown[0]}", f"the {cls.name} rule has no setting {unknown[0]!r}",
+                              f"give only its settings: {', '.join(names)}")
+        if "mean" not in settings:
+            raise ConfigError("privacy.mean", f"the {cls.name} rule needs a mean", "set privacy.mean, e.g. 3")
+        return cls(**settings)
 
     @classmethod
     @abc.abstractmethod
@@ -92,9 +113,6 @@ class Poisson(StoppingRule):
     name: ClassVar[str] = "poisson"
     random_stopping: ClassVar[bool] = True
 
-    @classmethod
-    def from_settings(cls, *, mean: float, eta: float) -> Poisson:
-        return cls(mean=mean)
 
     @classmethod
     def variants(cls, mean: float) -> tuple[StoppingRule, ...]:
@@ -137,9 +155,6 @@ class TruncatedNegativeBinomial(StoppingRule):
             raise ConfigError("privacy.eta", f"{self.eta!r} is negative",
                               "choose eta >= 0 (0 logarithmic, 1 geometric)")
 
-    @classmethod
-    def from_settings(cls, *, mean: float, eta: float) -> TruncatedNegativeBinomial:
-        return cls(mean=mean, eta=eta)
 
     @classmethod
     def variants(cls, mean: float) -> tuple[StoppingRule, ...]:
@@ -191,9 +206,6 @@ class Composed(StoppingRule):
             raise ConfigError("privacy.mean", f"{self.mean!r} is not a whole number of trials",
                               "composed accounting runs a fixed number of trials")
 
-    @classmethod
-    def from_settings(cls, *, mean: float, eta: float) -> Composed:
-        return cls(mean=mean)
 
     @classmethod
     def variants(cls, mean: float) -> tuple[StoppingRule, ...]:

@@ -9,9 +9,8 @@ or from a search space (worst case over it)::
 
     python -m dptune.plan --space search_spaces/digits.yaml [--target-epsilon 4] [--tune-fraction 0.25]
 
-With ``--space`` and ``--target-epsilon`` it also prints budget-split advice: every stopping rule, mean
-number of trials, score noise, search share and tune fraction priced side by side, and whether a private
-search can pay at all at that budget.
+With ``--space`` and ``--target-epsilon`` it also prints budget-split advice: every stopping rule, mean number of
+trials, score noise, search share and tune fraction priced side by side, and whether a search can pay at all.
 """
 
 from __future__ import annotations
@@ -66,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float)
     p.add_argument("--stopping", help=" | ".join(STOPPING_RULES))
     p.add_argument("--mean", type=float, help="mean number of trials (poisson, tnb)")
-    p.add_argument("--eta", type=float, help="TNB shape: 0 logarithmic, 1 geometric (default 1)")
+    p.add_argument("--eta", type=float, help="TNB shape: 0 logarithmic, 1 geometric (default 1); = --setting eta=…")
+    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting of the stopping rule besides its mean (repeatable), e.g. eta=0 for tnb")
     p.add_argument("--trials", type=int, help="number of trials (composed)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--score-noise", type=float, help="std of the Gaussian noise on the validation correct-count")
@@ -97,11 +98,18 @@ def _rule(args: argparse.Namespace, privacy: PrivacySpec) -> StoppingRule:
     if trials is not None and trials < 1:
         raise ConfigError("--trials", f"{trials} is < 1", "run at least one trial")
     mean = trials if trials is not None else args.mean if args.mean is not None else privacy.mean
+    settings: dict[str, float] = dict(privacy.stopping_settings) if name == privacy.stopping else {}
     flags = {"privacy.stopping": "--stopping" if args.stopping else None,
-             "privacy.mean": "--trials" if trials is not None else "--mean" if args.mean is not None else None,
-             "privacy.eta": "--eta" if args.eta is not None else None}
+             "privacy.mean": "--trials" if trials is not None else "--mean" if args.mean is not None else None}
+    for item in [*args.setting, *([f"eta={args.eta}"] if args.eta is not None else [])]:
+        key, value = (part.strip() for part in item.partition("=")[::2])
+        try:
+            settings[key] = float(value)
+        except ValueError:
+            raise ConfigError("--setting", f"{item!r} is not NAME=NUMBER", "e.g. --setting eta=0") from None
+        flags[f"privacy.{key}"] = flags[f"privacy.stopping.{key}"] = "--eta" if key == "eta" and args.eta is not None else "--setting"
     try:
-        return stopping_rule(name, mean=mean, eta=args.eta if args.eta is not None else privacy.eta)
+        return stopping_rule(name, mean=mean, **settings)
     except ConfigError as e:
         flag = flags.get(e.field)
         raise (e.renamed(flag) if flag else e) from e

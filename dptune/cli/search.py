@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dptune.cli._common import run_cli
-from dptune.config import ACCOUNTING_MODES, SEARCHERS, SearchSpace, check_space, load_space
+from dptune.config import ACCOUNTING_MODES, SEARCHERS, SearchSpace, check_accounting, check_space, load_space
 from dptune.errors import ConfigError, check_unit_interval, python_m
 from dptune.tuning.driver import SearchRequest
 
@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
                    "$XDG_DATA_HOME/dptune/ledger.sqlite or ~/.local/share/dptune/ledger.sqlite)")
     p.add_argument("--budget-epsilon", type=float, help="set the dataset's budget if it has none yet")
     p.add_argument("--budget-delta", type=float, help="δ of that budget (default: the space's δ)")
-    p.add_argument("--accounting", choices=list(ACCOUNTING_MODES), help="override search.accounting")
+    p.add_argument("--accounting", choices=list(ACCOUNTING_MODES),
+                   help="optional: must agree with the stopping rule, which decides it (--trials N: composed)")
     p.add_argument("--searcher", choices=list(SEARCHERS), help="override search.searcher")
     p.add_argument("--tune-anyway", action="store_true", help="run a search the planner does not expect to pay "
                    "(by default it is refused, exit 2, nothing charged)")
@@ -64,21 +65,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def _apply_overrides(space: SearchSpace, args: argparse.Namespace) -> SearchSpace:
     changes: dict[str, Any] = {}
-    if args.accounting:
-        changes["accounting"] = args.accounting
     if args.searcher:
         changes["searcher"] = args.searcher
     privacy = space.privacy
     if args.trials is not None:
         if args.trials < 1:
             raise ConfigError("--trials", f"{args.trials} is < 1", "run at least one trial")
-        privacy = dataclasses.replace(privacy, stopping="composed", mean=float(args.trials))
-    elif args.accounting == "composed" and privacy.stopping != "composed":
+        privacy = dataclasses.replace(privacy, stopping="composed", mean=float(args.trials), stopping_settings=())
+    elif args.accounting == "composed" and space.accounting != "composed":
         raise ConfigError("--trials", "composed accounting runs a fixed number of trials",
                           "give --trials N (each trial is charged by composition)")
-    if args.accounting == "random_stopping" and privacy.stopping == "composed":
-        raise ConfigError("--accounting", "the space's privacy.stopping is composed",
-                          "use --accounting composed, or set privacy.stopping to poisson or tnb")
+    check_accounting("--accounting", args.accounting, privacy.stopping)  # the stopping rule decides it
     changes["privacy"] = privacy
     if args.tune_fraction is not None:
         changes["tune_fraction"] = check_unit_interval("--tune-fraction", args.tune_fraction,

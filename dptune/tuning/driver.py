@@ -18,6 +18,7 @@ from typing import Any
 
 import optuna.distributions as od
 
+from dptune import stopping
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta, python_m
@@ -72,7 +73,7 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
     """Everything about a search that changes what runs (a resumed search must match it exactly)."""
     return {"name": space.name, "dataset": dataclasses.asdict(space.dataset), "fixed": space.fixed.to_dict(),
             "space": {k: od.distribution_to_json(d) for k, d in sorted(space.space.items())},
-            "default": space.default.to_dict(), "privacy": dataclasses.asdict(space.privacy),
+            "default": space.default.to_dict(), "privacy": _privacy_spec(space.privacy),
             "accounting": space.accounting, "searcher": space.searcher, "scheduler": space.scheduler,
             "tune_fraction": space.tune_fraction,
             # a search that plans its final run seals final-run params (the trial runs them at σ_c, lr scaled);
@@ -80,14 +81,26 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             **({"sealed_params": "final-run"} if space.transfers else {})}
 
 
+def _privacy_spec(p: PrivacySpec) -> dict[str, Any]:
+    return {**dataclasses.asdict(p), "stopping_settings": dict(p.stopping_settings)}  # JSON-stable: a mapping
+
+
 def sealed_run_spec(stored: dict[str, Any]) -> dict[str, Any]:
     """A run spec sealed at reserve time, with the config fields added since then at their defaults (what
-    ran before they existed): a search sealed by an older dptune resumes if nothing else changed."""
+    ran before they existed): a search sealed by an older dptune resumes if nothing else changed. An older
+    spec's ``privacy.eta`` was TNB's shape for every rule: it is the rule's setting only where the rule has it."""
     out = dict(stored)
     classes = (("dataset", DatasetSpec), ("fixed", TrialConfig), ("default", TrialConfig), ("privacy", PrivacySpec))
     for key, cls in classes:
         if isinstance(out.get(key), dict):
             out[key] = {**later_defaults(cls), **out[key]}
+    privacy = out.get("privacy")
+    if isinstance(privacy, dict) and "eta" in privacy and "stopping_settings" not in stored.get("privacy", {}):
+        privacy = dict(privacy)
+        eta = privacy.pop("eta")
+        own = stopping.rule_info(privacy.get("stopping")).settings if privacy.get("stopping") in stopping.choices() else ()
+        privacy["stopping_settings"] = {"eta": eta} if "eta" in own else {}
+        out["privacy"] = privacy
     return out
 
 

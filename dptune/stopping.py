@@ -1,0 +1,65 @@
+"""The stopping-rule registry (config layer): each rule's name, its own settings, and the accounting it implies.
+
+A rule itself — its search event, its RDP, its draw of K — is a ``dptune.accounting`` ``StoppingRule``
+subclass whose dataclass fields are its settings; ``dptune.accounting`` registers each one here once
+(``register_rule``; importing ``dptune`` imports it). So a space's ``privacy.stopping`` — a name with the settings
+beside it (``stopping: tnb``, ``mean: 3``, ``eta: 0``) or a mapping (``stopping: {rule: tnb, mean: 3, eta: 0}``) —
+is checked by the rule itself, and ``search.accounting`` follows from the rule instead of being a second key:
+``random_stopping`` for a rule whose K is random (Papernot–Steinke), ``composed`` for one that charges every
+trial by composition. A new rule with its own setting is its class plus one ``register_rule`` line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dptune.errors import ConfigError
+
+__all__ = ["RuleInfo", "accounting_of", "choices", "register", "rule_info", "setting_names"]
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """``settings``: the rule's own settings (``mean`` first); ``random_stopping``: K random, charged by the
+    Papernot–Steinke theorem (valid for non-adaptive search only); ``build``: the rule from its settings (it
+    checks them, ConfigError naming ``privacy.<setting>``)."""
+
+    name: str
+    summary: str
+    random_stopping: bool
+    settings: tuple[str, ...]
+    build: Callable[[Mapping[str, Any]], Any]
+
+    @property
+    def accounting(self) -> str:
+        return "random_stopping" if self.random_stopping else "composed"
+
+
+_RULES: dict[str, RuleInfo] = {}
+
+
+def register(info: RuleInfo) -> None:
+    _RULES[info.name] = info
+
+
+def choices() -> tuple[str, ...]:
+    return tuple(_RULES)
+
+
+def setting_names() -> tuple[str, ...]:
+    """Every registered rule's settings (a flat ``privacy.<setting>`` key of an older space file)."""
+    return tuple(dict.fromkeys(s for info in _RULES.values() for s in info.settings))
+
+
+def rule_info(name: Any) -> RuleInfo:
+    info = _RULES.get(name) if isinstance(name, str) else None
+    if info is None:
+        raise ConfigError("privacy.stopping", f"unknown stopping rule {name!r}", f"use one of: {', '.join(_RULES)}")
+    return info
+
+
+def accounting_of(name: str) -> str:
+    """The accounting a rule implies: ``random_stopping`` or ``composed``."""
+    return rule_info(name).accounting
