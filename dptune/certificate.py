@@ -53,6 +53,7 @@ _ACCOUNTANT_TEXT = {  # per ``bound``; "rdp" is the text certificates had before
     "rdp": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
     "pld": "PLD (dp_accounting, pessimistic), composed over events; the noisy max as pure (1/beta)-DP",
     "rdp+pld": "RDP part (Papernot-Steinke random stopping) as a privacy profile, convolved with the PLD of the rest",
+    "profile": "random stopping from the trial's privacy profile (pessimistic PLD pair, pgf of K, every ranking)",
 }
 
 
@@ -106,7 +107,8 @@ def _versions() -> dict[str, str]:
 @dataclass(frozen=True)
 class Certificate:
     """``events`` are composed to give ``epsilon`` at ``delta``; each has a role label. ``bound`` names the
-    accountant whose bound ``epsilon`` is (``rdp`` or ``pld``: the smaller valid one, ``accounting.certify``);
+    accountant whose bound ``epsilon`` is (``rdp``, ``pld``, ``rdp+pld`` or ``profile``: the smallest valid one,
+    ``accounting.certify``);
     certificates written before it existed are RDP."""
 
     dataset_id: str

@@ -74,13 +74,21 @@ def test_composed_search_and_final_training_within_one_percent_of_pld(score_nois
 
 
 def test_random_stopping_and_subsampled_search_stay_rdp() -> None:
-    """Papernot-Steinke and the Zhu-Wang subsampled search are RDP theorems: no PLD, the RDP bound is charged."""
+    """Papernot-Steinke and the Zhu-Wang subsampled search are RDP theorems: no PLD. The subsampled search is
+    charged its RDP bound; random stopping alone the smaller of RDP and its trial's privacy-profile bound
+    (``_profile``, issue 25; ``tests/test_profile.py``)."""
     trial = A.trial_event(noise_multiplier=1.0, sampling_rate=0.05, steps=200, score_noise=5.0)
-    for event in (A.stopping_rule("poisson", mean=3).search_event(trial),
+    stopping = A.stopping_rule("poisson", mean=3).search_event(trial)
+    for event in (stopping,
                   A.subsampled_search_event(A.stopping_rule("tnb", mean=3, eta=1).search_event(trial), fraction=0.5)):
         assert A.pld_of(event) is None and A.pld_epsilon([event], DELTA) is None
         bound = A.certify([event], DELTA)
-        assert bound.accountant == "rdp" and bound.epsilon == A.rdp_epsilon([event], DELTA)
+        if event is stopping:
+            profile = A.profile_epsilon([event], DELTA)
+            assert profile is not None and bound.accountant == "profile" and bound.epsilon == profile
+            assert profile < A.rdp_epsilon([event], DELTA)
+        else:
+            assert bound.accountant == "rdp" and bound.epsilon == A.rdp_epsilon([event], DELTA)
     # a worst case over different mechanisms has no PLD here; over one mechanism it is that mechanism
     other = A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=100, score_noise=5.0)
     assert A.pld_of(A.WorstCaseDpEvent((trial, other))) is None

@@ -9,7 +9,8 @@ accountant); stopping rules are the subclasses of :class:`StoppingRule` named in
 
 Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
 ``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the RDP interpreter); ``_pld`` (the
-PLD interpreter); ``_mixed`` (RDP part ⊗ PLD part); ``_accountant`` (the interface and the minimum); ``_rules``;
+PLD interpreter); ``_mixed`` (RDP part ⊗ PLD part); ``_profile`` (random stopping from the trial's privacy
+profile); ``_accountant`` (the interface and the minimum); ``_rules``;
 ``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``; ``_transfer``.
 """
 
@@ -63,6 +64,7 @@ from dptune.accounting._planner import (
     worst_case_event,
 )
 from dptune.accounting._pld import pld_epsilon, pld_of
+from dptune.accounting._profile import profile_epsilon
 from dptune.accounting._rdp import rdp_epsilon, rdp_of
 from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
 from dptune.accounting._stopping import random_stopping_rdp, tnb_gamma, tnb_mean
@@ -119,6 +121,7 @@ __all__ = [
     "pld_epsilon",
     "pld_of",
     "poisson_subsampled_rdp",
+    "profile_epsilon",
     "random_stopping_rdp",
     "rdp_epsilon",
     "rdp_of",

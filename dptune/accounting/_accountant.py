@@ -1,14 +1,16 @@
 """One accountant interface, two accountants behind it, and the bound dptune charges: the smaller of them.
 
 An :class:`Accountant` turns a sequence of events (run one after another, any of them adaptively chosen)
-into ε at δ for the *whole* composed mechanism, or says it cannot (None). Three are catalogued:
+into ε at δ for the *whole* composed mechanism, or says it cannot (None). Four are catalogued:
 
 * ``rdp`` (:class:`RdpAccountant`): Rényi DP, every event dptune writes (``_rdp``): composition adds
   curves (Mironov 2017), random stopping is Papernot & Steinke (2022), then one conversion (Balle et al. 2020);
 * ``pld`` (:class:`PldAccountant`): privacy-loss distributions (``_pld``; dp_accounting's pessimistic PLD),
   for compositions of Gaussian, Poisson-subsampled Gaussian and score/selection releases — tight for DP-SGD;
 * ``rdp+pld`` (:class:`MixedAccountant`): a composition of both kinds (``_mixed``), e.g. final training after
-  a random-stopping search: the RDP part's privacy profile convolved with the PLD part's loss distribution.
+  a random-stopping search: the RDP part's privacy profile convolved with the PLD part's loss distribution;
+* ``profile`` (:class:`ProfileAccountant`): a random-stopping search alone, from its trial's privacy profile
+  (``_profile``: the pgf of K and the trial's PLD pair, for every ranking of the outputs).
 
 Each is a valid (ε, δ) upper bound for the same composed mechanism at the same δ, so their minimum is too
 (the mechanism is (ε₁, δ)-DP and (ε₂, δ)-DP, hence (min, δ)-DP). :func:`certify` returns that minimum and the
@@ -28,10 +30,11 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting._mixed import mixed_epsilon
 from dptune.accounting._pld import has_pld, pld_epsilon
+from dptune.accounting._profile import has_profile, profile_epsilon
 from dptune.accounting._rdp import rdp_epsilon
 
-__all__ = ["ACCOUNTANTS", "Accountant", "Bound", "MixedAccountant", "PldAccountant", "RdpAccountant", "accountant",
-           "certify", "epsilon", "tight_epsilon"]
+__all__ = ["ACCOUNTANTS", "Accountant", "Bound", "MixedAccountant", "PldAccountant", "ProfileAccountant",
+           "RdpAccountant", "accountant", "certify", "epsilon", "tight_epsilon"]
 
 
 class Accountant(abc.ABC):
@@ -87,12 +90,25 @@ class MixedAccountant(Accountant):
         return mixed_epsilon(events, delta)
 
 
+class ProfileAccountant(Accountant):
+    """A random-stopping search alone (``RepeatAndSelectDpEvent`` of trials with a PLD), from the trial's privacy
+    profile (``_profile``); composed with anything else, None (the RDP-based bounds account for that)."""
+
+    name: ClassVar[str] = "profile"
+
+    def can_account(self, event: de.DpEvent) -> bool:
+        return has_profile(event) or isinstance(event, de.NoOpDpEvent)
+
+    def epsilon(self, events: Sequence[de.DpEvent], *, delta: float) -> float | None:
+        return profile_epsilon(events, delta)
+
+
 ACCOUNTANTS: Mapping[str, Accountant] = MappingProxyType(
-    {a.name: a for a in (RdpAccountant(), PldAccountant(), MixedAccountant())})
+    {a.name: a for a in (RdpAccountant(), PldAccountant(), MixedAccountant(), ProfileAccountant())})
 
 
 def accountant(name: str) -> Accountant:
-    """The accountant called ``name`` (``rdp`` or ``pld``); ``ValueError`` for any other name."""
+    """The accountant called ``name`` (a key of :data:`ACCOUNTANTS`); ``ValueError`` for any other name."""
     found = ACCOUNTANTS.get(name) if isinstance(name, str) else None
     if found is None:
         raise ValueError(f"unknown accountant {name!r}: use one of {', '.join(ACCOUNTANTS)}")
