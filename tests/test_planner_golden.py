@@ -11,6 +11,16 @@ sizes stay RDP and unchanged). Old (RDP) → new:
 cifar10_resnet9@1.0 trial 3.393425 → 3.113507, composed(8 trials) 11.094056 → 10.322485;
 cifar10_resnet9@0.5 trial 5.064310 → 4.648151; cifar10_wrn16_4@1.0 trial 3.440333 → 3.163709,
 composed(5 trials) 8.595197 → 7.979412; cifar10_wrn16_4@0.5 trial 5.102682 → 4.700786.
+
+Changed a second time, by issue 25 (accountant ``profile``: a random-stopping search alone is charged the smaller of
+Papernot-Steinke's RDP bound and the bound from its trial's privacy profile, ``dptune/accounting/_profile.py``):
+only random-stopping searches on the full data (the search and its random-stopping alternatives; the trial,
+composed searches and subsampled searches are unchanged). Old (RDP) → new (profile):
+cifar10_resnet9@1.0 search 6.181162 → 4.442932, poisson(mean=8) 6.610370 → 5.297707,
+logarithmic(eta=0, mean=8) 5.360476 → 4.240707; cifar10_wrn16_4@1.0 search 5.154167 → 4.085197,
+poisson(mean=5) 5.557315 → 4.626831, geometric(eta=1, mean=5) 5.829518 → 4.220619;
+digits@1.0 search 6.600477 → 5.576302, logarithmic(eta=0, mean=3) 6.534781 → 5.263512,
+geometric(eta=1, mean=3) 7.128709 → 5.349937.
 """
 
 from __future__ import annotations
