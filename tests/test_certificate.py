@@ -99,7 +99,7 @@ def test_forged_event_with_recomputed_epsilon_is_refused(tmp_path: Path) -> None
     cheaper = de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=5.0, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
     forged = Certificate.build(cert.dataset_id, cert.delta, [("search", cheaper)], cert.stopping)
     forged = Certificate(forged.dataset_id, forged.delta, forged.events, forged.epsilon, forged.stopping,
-                         binding=cert.binding)
+                         binding=cert.binding, bound=forged.bound)
     forged.verify()  # internally consistent
     assert forged.epsilon < cert.epsilon
     with pytest.raises(CertificateError, match="certificate.binding"):  # the MAC covers ε (and every field)
@@ -194,7 +194,7 @@ def test_a_certificate_bound_before_its_files_were_is_refused_with_a_clear_messa
     message = json.dumps({"format": "dptune-certificate/2", "dataset_id": cert.dataset_id, "delta": cert.delta,
                           "charges": charges}, sort_keys=True, separators=(",", ":")).encode()
     old = Certificate(cert.dataset_id, cert.delta, cert.events, cert.epsilon, cert.stopping,
-                      binding={"charges": charges, "mac": ledger.mac(message)})
+                      binding={"charges": charges, "mac": ledger.mac(message)}, bound=cert.bound)
     assert hmac_.compare_digest(old.binding["mac"], ledger.mac(message))
     old.save(tmp_path / "old.json")
     loaded = load_certificate(tmp_path / "old.json")  # readable, ε verifies

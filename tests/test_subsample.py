@@ -61,8 +61,10 @@ def test_hand_computed_alpha_2() -> None:
 
 def test_monotone_in_fraction() -> None:
     search = A.stopping_rule("tnb", mean=3.0, eta=1.0).search_event(A.trial_event(noise_multiplier=3.0, sampling_rate=0.2, steps=80, score_noise=None))
-    eps = [A.epsilon([A.subsampled_search_event(search, fraction=f)], DELTA) for f in (0.05, 0.1, 0.25, 0.5, 1.0)]
+    eps = [A.rdp_epsilon([A.subsampled_search_event(search, fraction=f)], DELTA) for f in (0.05, 0.1, 0.25, 0.5, 1.0)]
     assert eps == sorted(eps) and eps[0] < eps[-1]
+    # the whole data's search may be charged less (its trial's privacy profile, ``_profile``), never more
+    assert A.epsilon([search], DELTA) <= eps[-1]
 
 
 def test_score_releases_are_not_amplified() -> None:
