@@ -9,8 +9,8 @@ accountant); stopping rules are the subclasses of :class:`StoppingRule` named in
 
 Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
 ``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the RDP interpreter); ``_pld`` (the
-PLD interpreter); ``_mixed`` (RDP part ⊗ PLD part); ``_profile`` (random stopping from the trial's privacy
-profile); ``_accountant`` (the interface and the minimum); ``_rules``;
+PLD interpreter); ``_profile`` (random stopping from the trial's privacy profile); ``_mixed`` (RDP part ⊗ PLD
+part); ``_accountant`` (the interface and the minimum); ``_rules``;
 ``_catalogue``; ``_subsample``; ``_calibrate``; ``_planner``; ``_advice``; ``_transfer``.
 """
 

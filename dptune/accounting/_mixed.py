@@ -4,8 +4,9 @@ random-stopping search): the RDP part's privacy profile convolved with the PLD p
 Let A be the events with only an RDP curve r(λ) (composed: curves add), B those with a PLD (``_pld``).
 Proof that the bound below holds for the adaptive composition of A and B, in any order, add/remove neighbours:
 
-1. A is (x, δ_R(x))-DP for every x >= 0, δ_R the RDP conversion (``_convert.rdp_to_delta``, Balle et al. 2020),
-   so its tradeoff function is at least f = sup_x f_{x, δ_R(x)}, a symmetric tradeoff function (Dong, Roth &
+1. A is (x, δ_R(x))-DP for every x >= 0, δ_R the RDP conversion (``_convert.rdp_to_delta``, Balle et al. 2020)
+   — or the smaller of that and the privacy-profile bound when A is one random-stopping search (``_profile``, which
+   bounds both directions) — so its tradeoff function is at least f = sup_x f_{x, δ_R(x)}, a symmetric tradeoff function (Dong, Roth &
    Su 2022, Prop. 2.5 and 2.2), realised by a pair (P_A, Q_A) that Blackwell-dominates A on every neighbouring
    pair (Blackwell's theorem). Its hockey-stick profile is δ_A(x) <= δ_R(x) for x >= 0 and, by
    H_{e^x}(P||Q) = 1 − e^x + e^x·H_{e^{−x}}(Q||P) and the symmetry of f, δ_A(x) <= 1 − e^x + e^x·δ_R(−x) for x < 0.
@@ -31,6 +32,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting._convert import ORDERS, rdp_to_delta, rdp_to_epsilon
 from dptune.accounting._pld import VALUE_DISCRETIZATION_INTERVAL, has_pld, pld_module, pld_of
+from dptune.accounting._profile import has_profile, search_profile_delta_grid
 from dptune.accounting._rdp import rdp_of
 
 __all__ = ["mixed_epsilon", "rdp_pld_epsilon", "split_by_pld"]
@@ -63,12 +65,16 @@ def _rdp_delta_grid(rdp_bytes: bytes, size: int) -> np.ndarray:
     return out
 
 
-def _rdp_profile(rdp: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Upper bound of the hockey-stick profile δ_A(x·step) of a symmetric pair with RDP curve ``rdp``, for
-    integers x (grid steps): δ_R(x) for x >= 0, 1 − e^x + e^x·δ_R(−x) below (module docstring, step 1)."""
+def _rdp_profile(rdp: np.ndarray, x: np.ndarray, search: de.DpEvent | None = None) -> np.ndarray:
+    """Upper bound of the hockey-stick profile δ_A(x·step) of a symmetric pair with RDP curve ``rdp`` (and, with
+    ``search``, the profile bound of that random-stopping search too), for integers x (grid steps): δ_R(x) for
+    x >= 0, 1 − e^x + e^x·δ_R(−x) below (module docstring, step 1)."""
     ax = np.abs(x)
     size = 1 << max(10, int(ax.max()).bit_length())  # powers of two: one grid serves many calls
-    d = _rdp_delta_grid(np.ascontiguousarray(rdp, dtype=np.float64).tobytes(), size)[ax]
+    grid = _rdp_delta_grid(np.ascontiguousarray(rdp, dtype=np.float64).tobytes(), size)
+    if search is not None:
+        grid = np.minimum(grid, search_profile_delta_grid(search, step=VALUE_DISCRETIZATION_INTERVAL, size=size))
+    d = grid[ax]
     e = np.exp(x * VALUE_DISCRETIZATION_INTERVAL)
     return np.minimum(1.0, np.where(x >= 0, d, 1 - e + e * d))
 
@@ -89,12 +95,14 @@ def mixed_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:
         one = pld_of(e)
         assert one is not None
         pld = pld.compose(one)
-    return rdp_pld_epsilon(rdp, pld, delta)
+    search = a_events[0] if len(a_events) == 1 and has_profile(a_events[0]) else None
+    return rdp_pld_epsilon(rdp, pld, delta, search=search)
 
 
-def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float) -> float:
+def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float, *, search: de.DpEvent | None = None) -> float:
     """ε at ``delta`` of a mechanism with RDP curve ``rdp`` (at ``ORDERS``) composed with one with PLD ``pld``
-    (dp_accounting, interval 1e-3): the bound of the module docstring, ε rounded up to the grid."""
+    (dp_accounting, interval 1e-3): the bound of the module docstring, ε rounded up to the grid. ``search``: the
+    RDP part is this one random-stopping search, whose privacy-profile bound (``_profile``) is used where smaller."""
     # imported here, not at import: dp_accounting's PLD needs it anyway, a planner start does not
     from scipy import signal
 
@@ -112,7 +120,7 @@ def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float) -> float:
         top = max(1, math.ceil(float(rdp_to_epsilon(ORDERS, rdp, delta=delta)) / step) + first + len(p))
         while True:  # ε = j·step, j in [0, top]; x = ε − L in grid steps runs from x0 to top − first
             x0 = -(first + len(p) - 1)
-            g = _rdp_profile(rdp, np.arange(x0, top - first + 1))
+            g = _rdp_profile(rdp, np.arange(x0, top - first + 1), search)
             # all j at once: the correlation of g with p (FFT), then checked exactly by dot products below
             approx = signal.fftconvolve(g, p[::-1], mode="valid") + fixed  # [top + 1]
 

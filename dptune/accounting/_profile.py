@@ -71,7 +71,7 @@ from dptune.accounting._pld import has_pld, pld_of
 from dptune.accounting._stopping import tnb_gamma
 
 __all__ = ["has_profile", "pgf_derivative", "profile_delta", "profile_epsilon", "search_profile_delta",
-           "search_profile_epsilon"]
+           "search_profile_delta_grid", "search_profile_epsilon"]
 
 GRID_STEPS = 2048  # uniform steps in t and in R̄ (besides R̄'s vertices): < 0.1 % of ε on dptune's trials
 EPSILON_TOLERANCE = 1e-5  # bisection stops when the bracket is this narrow; the upper end is returned
@@ -296,6 +296,44 @@ def search_profile_epsilon(event: de.DpEvent, delta: float) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if search.delta(mid) > delta else (lo, mid)
     return hi
+
+
+@functools.lru_cache(maxsize=16)
+def _delta_grid_cached(key: str, step: float, size: int) -> np.ndarray:
+    event = event_from_json(json.loads(key))
+    assert isinstance(event, de.RepeatAndSelectDpEvent)
+    from scipy import signal  # loaded by dp_accounting's PLD anyway
+
+    search = _search(event)
+    k = np.arange(size)
+    worst = np.zeros(size)
+    for (breaks, c, d), pairs in search.parts:
+        for p in pairs:
+            index = np.round(p.loss / step).astype(np.int64)
+            if not np.allclose(index * step, p.loss, rtol=0, atol=1e-9 * step):
+                raise ValueError("the PLD's losses are not on the grid of ε")
+            lo, hi = int(index.min()), int(index.max())
+            b = np.zeros(hi - lo + 1)
+            np.add.at(b, index - lo, p.b)
+            u = np.exp(np.arange(lo - size + 1, hi + 1) * step)  # u = e^{loss − ε} for every loss and ε = k·step
+            j = np.searchsorted(breaks, u, side="right") - 1
+            g = np.maximum(c[j] * u - d[j], 0.0)
+            # S[k] = Σ_loss b·g(e^{loss − k·step}): one correlation (FFT), plus a bound on its rounding error
+            s = signal.fftconvolve(g, b[::-1], mode="valid")[::-1]
+            margin = 1e-13 * math.sqrt(float(np.dot(g, g)) * float(np.dot(b, b))) * max(1.0, math.log2(len(g)))
+            worst = np.maximum(worst, np.exp(k * step) * (np.maximum(s, 0.0) + margin) + search.tail * p.a_inf)
+    out = np.minimum(worst, 1.0)
+    out.flags.writeable = False
+    return out
+
+
+def search_profile_delta_grid(event: de.DpEvent, *, step: float, size: int) -> np.ndarray:
+    """:func:`search_profile_delta` at ε = k·``step`` for k = 0 … ``size`` − 1, all at once (an upper bound: one
+    FFT correlation per pair, with a margin for its rounding), for ``_mixed``; ``step`` must be the PLD's loss
+    interval. Cached (read-only)."""
+    if not has_profile(event):
+        raise ValueError(f"no privacy-profile bound for {type(event).__name__}")
+    return _delta_grid_cached(json.dumps(event_to_json(event), sort_keys=True), float(step), int(size))
 
 
 def profile_delta(events: Sequence[de.DpEvent], epsilon: float) -> float | None:
