@@ -126,7 +126,7 @@ def test_k_equal_one_is_the_trials_own_pld_epsilon() -> None:
 @pytest.mark.parametrize("eta", [0.0, 1.0, 2.0])
 def test_pure_dp_trial_meets_papernot_steinke_corollary(eta: float) -> None:
     """(b) For an ε₀-DP trial (the noisy max: randomized response) TNB(η) random stopping is (2 + η)ε₀-DP
-    (Papernot & Steinke, Cor. 3/4 via Thm. 2; Liu & Talwar's 3ε₀ for the geometric): the bound has δ = 0 just
+    (Papernot & Steinke, Thm. 2 for a pure-DP trial; Liu & Talwar's 3ε₀ for the geometric): the bound has δ = 0 just
     above (2 + η)ε₀, and is below it at δ = 1e-5."""
     beta = 2.0  # ε₀ = 1/β
     search = de.RepeatAndSelectDpEvent(A.NoisyMaxDpEvent(beta), 5.0, eta)
