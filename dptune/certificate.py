@@ -54,6 +54,8 @@ _ACCOUNTANT_TEXT = {  # per ``bound``; "rdp" is the text certificates had before
     "pld": "PLD (dp_accounting, pessimistic), composed over events; the noisy max as pure (1/beta)-DP",
     "rdp+pld": "RDP part (Papernot-Steinke random stopping) as a privacy profile, convolved with the PLD of the rest",
     "profile": "random stopping from the trial's privacy profile (pessimistic PLD pair, pgf of K, every ranking)",
+    "profile+pld": "the search's profile (the smaller of its RDP conversion and its privacy-profile bound), "
+                   "convolved with the PLD of the rest",
 }
 
 
@@ -107,7 +109,7 @@ def _versions() -> dict[str, str]:
 @dataclass(frozen=True)
 class Certificate:
     """``events`` are composed to give ``epsilon`` at ``delta``; each has a role label. ``bound`` names the
-    accountant whose bound ``epsilon`` is (``rdp``, ``pld``, ``rdp+pld`` or ``profile``: the smallest valid one,
+    accountant whose bound ``epsilon`` is (a name in ``accounting.ACCOUNTANTS``: the smallest valid one,
     ``accounting.certify``);
     certificates written before it existed are RDP."""
 

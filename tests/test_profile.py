@@ -181,7 +181,9 @@ def test_accountant_covers_a_search_alone_and_leaves_the_rest_to_rdp() -> None:
     # composed with final training, a second search, a noisy max: not this accountant's (rdp / rdp+pld)
     assert profile.epsilon([search, final], delta=DELTA) is None
     assert profile.epsilon([search, search], delta=DELTA) is None
-    assert A.certify([search, final], DELTA).accountant in ("rdp", "rdp+pld")
+    assert A.certify([search, final], DELTA).accountant in ("rdp", "rdp+pld", "profile+pld")
+    assert A.accountant("profile+pld").epsilon([search, search, final], delta=DELTA) is None  # one search only
+    assert A.accountant("profile+pld").epsilon([search], delta=DELTA) is None  # nothing with a PLD beside it
     noisy = A.with_selection(A.stopping_rule("poisson", mean=2).search_event(
         A.trial_event(noise_multiplier=2.0, sampling_rate=0.1, steps=20, score_noise=None)), A.NoisyMaxDpEvent(3.0))
     assert not has_profile(noisy)
@@ -217,7 +219,9 @@ def test_certificate_names_the_profile_bound_and_verifies_it(tmp_path: Path) -> 
     with pytest.raises(Exception, match="events cost"):
         load_certificate(tmp_path / "forged.json")
     final = A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=50, score_noise=None)
-    assert cert.compose_with("final", final).bound in ("rdp", "rdp+pld")
+    composed = cert.compose_with("final", final)
+    assert composed.bound == "profile+pld" and "privacy-profile bound" in composed.to_json()["accountant"]
+    composed.verify()
 
 
 def test_digits_search_and_its_sigma_floor_use_the_profile_bound() -> None:
@@ -265,9 +269,10 @@ def test_profile_grid_matches_the_pointwise_bound() -> None:
 
 
 def test_final_training_after_the_search_uses_the_profile_where_smaller() -> None:
-    """The search's profile bound (both directions) replaces the RDP conversion in ``_mixed``'s step 1 where it is
-    smaller. With K = 1 the composition is the trial's and the final run's, whose joint PLD is the oracle: the bound
-    is above it and within 0.2 %; for random K it lies below the RDP-part-only bound."""
+    """``profile+pld``: the search's profile bound (both directions) replaces the RDP conversion in ``_mixed``'s step
+    1 where it is smaller. With K = 1 the composition is the trial's and the final run's, whose joint PLD is the
+    oracle: the bound is above it and within 0.2 %; for random K it lies below ``rdp+pld``, which is unchanged (so
+    the certificates it proved before still verify)."""
     from dptune.accounting._mixed import rdp_pld_epsilon
 
     trial = _small_trial()
@@ -280,7 +285,8 @@ def test_final_training_after_the_search_uses_the_profile_where_smaller() -> Non
         with_profile = rdp_pld_epsilon(A.rdp_of(search), pld, DELTA, search=search)
         rdp_only = rdp_pld_epsilon(A.rdp_of(search), pld, DELTA)
         assert oracle <= with_profile < rdp_only
+        assert A.accountant("rdp+pld").epsilon([search, final], delta=DELTA) == rdp_only
         bound = A.certify([search, final], DELTA)
-        assert bound.accountant == "rdp+pld" and bound.epsilon == with_profile
+        assert bound.accountant == "profile+pld" and bound.epsilon == with_profile
         if mean == 1.0:
             assert with_profile <= 1.002 * oracle

@@ -1,7 +1,7 @@
 """One accountant interface, two accountants behind it, and the bound dptune charges: the smaller of them.
 
 An :class:`Accountant` turns a sequence of events (run one after another, any of them adaptively chosen)
-into ε at δ for the *whole* composed mechanism, or says it cannot (None). Four are catalogued:
+into ε at δ for the *whole* composed mechanism, or says it cannot (None). Five are catalogued:
 
 * ``rdp`` (:class:`RdpAccountant`): Rényi DP, every event dptune writes (``_rdp``): composition adds
   curves (Mironov 2017), random stopping is Papernot & Steinke (2022), then one conversion (Balle et al. 2020);
@@ -10,7 +10,9 @@ into ε at δ for the *whole* composed mechanism, or says it cannot (None). Four
 * ``rdp+pld`` (:class:`MixedAccountant`): a composition of both kinds (``_mixed``), e.g. final training after
   a random-stopping search: the RDP part's privacy profile convolved with the PLD part's loss distribution;
 * ``profile`` (:class:`ProfileAccountant`): a random-stopping search alone, from its trial's privacy profile
-  (``_profile``: the pgf of K and the trial's PLD pair, for every ranking of the outputs).
+  (``_profile``: the pgf of K and the trial's PLD pair, for every ranking of the outputs);
+* ``profile+pld`` (:class:`ProfileMixedAccountant`): ``rdp+pld`` with the search's profile the smaller of its RDP
+  conversion and its ``profile`` bound (one random-stopping search, e.g. before final training).
 
 Each is a valid (ε, δ) upper bound for the same composed mechanism at the same δ, so their minimum is too
 (the mechanism is (ε₁, δ)-DP and (ε₂, δ)-DP, hence (min, δ)-DP). :func:`certify` returns that minimum and the
@@ -28,13 +30,13 @@ from typing import ClassVar
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting._mixed import mixed_epsilon
+from dptune.accounting._mixed import mixed_epsilon, profile_mixed_epsilon
 from dptune.accounting._pld import has_pld, pld_epsilon
 from dptune.accounting._profile import has_profile, profile_epsilon
 from dptune.accounting._rdp import rdp_epsilon
 
 __all__ = ["ACCOUNTANTS", "Accountant", "Bound", "MixedAccountant", "PldAccountant", "ProfileAccountant",
-           "RdpAccountant", "accountant", "certify", "epsilon", "tight_epsilon"]
+           "ProfileMixedAccountant", "RdpAccountant", "accountant", "certify", "epsilon", "tight_epsilon"]
 
 
 class Accountant(abc.ABC):
@@ -103,8 +105,18 @@ class ProfileAccountant(Accountant):
         return profile_epsilon(events, delta)
 
 
-ACCOUNTANTS: Mapping[str, Accountant] = MappingProxyType(
-    {a.name: a for a in (RdpAccountant(), PldAccountant(), MixedAccountant(), ProfileAccountant())})
+class ProfileMixedAccountant(MixedAccountant):
+    """``rdp+pld`` when its RDP part is one random-stopping search: that part's profile is the smaller of its RDP
+    conversion and its ``profile`` bound (``_mixed.profile_mixed_epsilon``)."""
+
+    name: ClassVar[str] = "profile+pld"
+
+    def epsilon(self, events: Sequence[de.DpEvent], *, delta: float) -> float | None:
+        return profile_mixed_epsilon(events, delta)
+
+
+ACCOUNTANTS: Mapping[str, Accountant] = MappingProxyType({a.name: a for a in (
+    RdpAccountant(), PldAccountant(), MixedAccountant(), ProfileAccountant(), ProfileMixedAccountant())})
 
 
 def accountant(name: str) -> Accountant:

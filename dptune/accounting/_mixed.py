@@ -5,8 +5,8 @@ Let A be the events with only an RDP curve r(λ) (composed: curves add), B those
 Proof that the bound below holds for the adaptive composition of A and B, in any order, add/remove neighbours:
 
 1. A is (x, δ_R(x))-DP for every x >= 0, δ_R the RDP conversion (``_convert.rdp_to_delta``, Balle et al. 2020)
-   — or the smaller of that and the privacy-profile bound when A is one random-stopping search (``_profile``, which
-   bounds both directions) — so its tradeoff function is at least f = sup_x f_{x, δ_R(x)}, a symmetric tradeoff function (Dong, Roth &
+   — for :func:`profile_mixed_epsilon`, the smaller of that and the privacy-profile bound of A, one random-stopping
+   search (``_profile``, which bounds both directions) — so its tradeoff function is at least f = sup_x f_{x, δ_R(x)}, a symmetric tradeoff function (Dong, Roth &
    Su 2022, Prop. 2.5 and 2.2), realised by a pair (P_A, Q_A) that Blackwell-dominates A on every neighbouring
    pair (Blackwell's theorem). Its hockey-stick profile is δ_A(x) <= δ_R(x) for x >= 0 and, by
    H_{e^x}(P||Q) = 1 − e^x + e^x·H_{e^{−x}}(Q||P) and the symmetry of f, δ_A(x) <= 1 − e^x + e^x·δ_R(−x) for x < 0.
@@ -35,7 +35,7 @@ from dptune.accounting._pld import VALUE_DISCRETIZATION_INTERVAL, has_pld, pld_m
 from dptune.accounting._profile import has_profile, search_profile_delta_grid
 from dptune.accounting._rdp import rdp_of
 
-__all__ = ["mixed_epsilon", "rdp_pld_epsilon", "split_by_pld"]
+__all__ = ["mixed_epsilon", "profile_mixed_epsilon", "rdp_pld_epsilon", "split_by_pld"]
 
 _TAIL = 1e-14  # loss-distribution mass below this per point is charged δ = 1 instead of evaluated
 
@@ -84,10 +84,25 @@ def mixed_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:
     rounded up to a multiple of its 1e-3 interval, so that ε − L is on the grid too and δ̄_A is evaluated once
     per grid point; the crossing found by one FFT correlation and confirmed by exact sums); None unless some
     events have a PLD and some do not."""
+    return _mixed(events, delta, profile=False)
+
+
+def profile_mixed_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:
+    """:func:`mixed_epsilon` with the RDP part's profile the smaller of its RDP conversion and its own
+    privacy-profile bound (``_profile``); None unless the part without a PLD is exactly one random-stopping search
+    of trials with a PLD (e.g. final training after the search). A separate accountant, so certificates that
+    ``rdp+pld`` proved before it existed still verify."""
+    return _mixed(events, delta, profile=True)
+
+
+def _mixed(events: Sequence[de.DpEvent], delta: float, *, profile: bool) -> float | None:
     if isinstance(events, de.DpEvent):
         raise TypeError("mixed_epsilon() takes a sequence of events: pass [event] for one")
     b_events, a_events = split_by_pld(list(events))
     if not a_events or not b_events:
+        return None
+    search = a_events[0] if len(a_events) == 1 and has_profile(a_events[0]) else None
+    if profile and search is None:
         return None
     rdp = np.sum([rdp_of(e) for e in a_events], axis=0)
     pld = pld_module().identity(value_discretization_interval=VALUE_DISCRETIZATION_INTERVAL)
@@ -95,8 +110,7 @@ def mixed_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:
         one = pld_of(e)
         assert one is not None
         pld = pld.compose(one)
-    search = a_events[0] if len(a_events) == 1 and has_profile(a_events[0]) else None
-    return rdp_pld_epsilon(rdp, pld, delta, search=search)
+    return rdp_pld_epsilon(rdp, pld, delta, search=search if profile else None)
 
 
 def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float, *, search: de.DpEvent | None = None) -> float:

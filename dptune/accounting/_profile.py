@@ -47,8 +47,9 @@ pessimistic PLD (``_pld``; losses rounded up, the truncated tail at +∞: a pair
 ``_mixed``); K is drawn independently of the data from exactly the law named in the event (Poisson mean μ, or
 TNB(η, γ) with γ = ``tnb_gamma(mean, η)``, what ``draw_k`` uses); the released output is the best of the K under a
 data-independent order, nothing else about the other trials leaves. The accountant ``profile`` bounds a search
-event *alone*; composed with final training, ``_mixed`` uses this δ(ε) (it bounds both directions, ε >= 0) in
-place of the RDP conversion where it is smaller (:func:`search_profile_delta_grid`). A noisy-max selection composed
+event *alone*; composed with final training, the accountant ``profile+pld`` (``_mixed``) uses this δ(ε) (it
+bounds both directions, ε >= 0) in place of the RDP conversion where it is smaller
+(:func:`search_profile_delta_grid`). A noisy-max selection composed
 with the trials, two searches composed, and the subsampled search (Zhu & Wang amplification, stated for RDP) stay
 on the RDP-based bounds.
 
