@@ -94,6 +94,8 @@ class FixedSigmaMode(Mode):
     reports: ClassVar[tuple[str, ...]]
 
     def privacy(self, bench: Bench, eps: float, plan: Any, records: list[dict[str, Any]]) -> tuple[str, str, str]:
+        if plan is None:  # a report from records: no plan computed
+            return super().privacy(bench, eps, plan, records)
         s: SearchPlan = plan
         return (f"{s.rule.label()}, σ_s {s.score_noise:.3g}, f {s.fraction:g}, share {s.share:.0%} ({s.source})",
                 f"{s.sigma:.3f}", f"{s.epsilon:.4f}")

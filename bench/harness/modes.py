@@ -57,8 +57,9 @@ def measured(record: dict[str, Any], mode: str) -> dict[str, Any]:
 
 def released_cell(r: dict[str, Any]) -> str:
     """"K k: released config → test %" from a record of this harness or of the benches it replaced."""
-    released = r.get("released") or {"batch_size": r.get("batch_size"), "lr": r.get("lr")}
-    rel = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(released.items())
-                    if k not in ("layer_clip", "noise_multiplier") and v is not None)
+    released = r.get("released") or {"batch_size": r.get("batch_size"), "learning_rate": r.get("lr")}
+    short = {"batch_size": "B", "learning_rate": "lr"}
+    rel = ", ".join(f"{short.get(k, k)} {v:.3g}" if isinstance(v, float) else f"{short.get(k, k)} {v}"
+                    for k, v in sorted(released.items()) if k not in ("layer_clip", "noise_multiplier") and v is not None)
     k = f"K {r['k']}: " if "k" in r else ""
     return f"{k}{rel} → {100 * r['test']:.1f}"

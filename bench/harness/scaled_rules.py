@@ -145,6 +145,8 @@ class LinearRule(Mode):
                 **bench.final_run(cfg, list(p.events), eps, merged, seed)}
 
     def privacy(self, bench: Bench, eps: float, plan: Any, records: list[dict[str, Any]]) -> tuple[str, str, str]:
+        if plan is None:  # a report from records: no plan computed
+            return super().privacy(bench, eps, plan, records)
         p: ScaledPlan = plan
         return (f"B {SCALED_BATCH}, lr {SCALED_LRS} at levels ε {p.eps_levels[0]:.3f} / {p.eps_levels[1]:.3f}, "
                 f"σ_s {SCALED_SCORE_NOISE:g}", f"{2 * p.sigma2:.2f} / {p.sigma2:.2f}", f"{p.epsilon:.3f}")
@@ -196,6 +198,8 @@ class NoiseRule(Mode):
         return out
 
     def privacy(self, bench: Bench, eps: float, plan: Any, records: list[dict[str, Any]]) -> tuple[str, str, str]:
+        if plan is None:  # a report from records: no plan computed
+            return super().privacy(bench, eps, plan, records)
         p: NoisePlan = plan
         return (f"B {SCALED_BATCH}, final-lr candidates {NOISE_LRS}, each at trial lr L·σ_f/σ_level, 2 levels, "
                 f"share {NOISE_SHARE:.0%}, σ_s {SCALED_SCORE_NOISE:g}; final σ {p.sigma_final:.3f}",
