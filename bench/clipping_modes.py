@@ -43,10 +43,9 @@ NAMES = {"flat": "(flat) per-example clipping, scaled search", "alc": "(alc) lay
          "gn": "(gn) per-example + GroupNorm, best of grid (test-scored upper bound)"}
 
 
-def _grid_run(eps: float, seed: int, merged: Any, b: int, lr: float, batch: bool) -> float:
+def _grid_run(bb: Any, eps: float, seed: int, merged: Any, b: int, lr: float, batch: bool) -> float:
     from dptune.dpsgd import run_trial
 
-    bb = bench(SPEC)
     cfg = bb.baseline.replace(batch_size=b, learning_rate=lr, seed=1_000_003 * (seed + 1) + b + round(100 * lr))
     if batch:
         cfg = cfg.replace(clipping="batch", model_kwargs={"norm": "batch"}, physical_batch_size=2 * b)
@@ -68,7 +67,7 @@ def run_task(spec: BenchSpec, task: str, plan: Any, eps: float, seed: int) -> di
     if task in ("flat", "alc"):  # the same draw and noise seeds: alc takes S's key
         out = load_modes()["S" if task == "flat" else "A"].run(bb, None, eps, seed, data, merged)
     else:
-        out = {"grid": [_grid_run(eps, seed, merged, b, lr, task == "bc") for b, lr in GRID]}
+        out = {"grid": [_grid_run(bb, eps, seed, merged, b, lr, task == "bc") for b, lr in GRID]}
         out["test"] = max(out["grid"])
     return {"epsilon": eps, "seed": seed, "task": task, "seconds": time.time() - t0, **out}
 

@@ -75,7 +75,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (2 shared cores: 1)")
     p.add_argument("--quick", action="store_true", help="smoke check: the first seed, ε 4, 1 epoch (not a result)")
     p.add_argument("--out", help="the report (.md; the records go to the .json beside it); default "
-                   "bench/results/tuning_value_<space>.md")
+                   "bench/results/tuning_value_<space>.md (--quick: runs/bench/)")
     p.add_argument("--resume", help="a .json this harness wrote: keep its records, run only the missing tasks")
     p.add_argument("--from-json", help="comma-separated .json records (this harness's or the benches it replaced): "
                    "the report of their rows for --seeds/--epsilons, with the planner's verdicts; no training")
@@ -84,10 +84,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.command = " ".join(["python", "bench/tuning_value.py", *argv])
     if args.quick:
         args.seeds, args.epsilons = args.seeds.split(",")[0].split("-")[0], "4"
-    if args.out is None:
-        args.out = f"bench/results/tuning_value_{Path(args.space).stem}.md"
-        if args.quick:
-            args.out = str(Path(args.out).with_suffix(".quick.md"))
+    if args.out is None:  # a smoke check is not a result: it goes to runs/ (git-ignored)
+        where = "runs/bench" if args.quick else "bench/results"
+        args.out = f"{where}/tuning_value_{Path(args.space).stem}{'.quick' if args.quick else ''}.md"
     return args
 
 
