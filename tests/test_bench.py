@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_architecture import import_cycle
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 FILES = sorted(BENCH.rglob("*.py"))
@@ -66,28 +68,6 @@ def bench_graph(files: list[Path], root: Path = BENCH) -> dict[str, set[str]]:
                     break
         graph[name] = deps - {name}
     return graph
-
-
-def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        path.append(m)
-        for d in sorted(graph.get(m, ())):
-            if state.get(d) == 1:
-                return path[path.index(d):] + [d]
-            if d not in state and (found := visit(d)):
-                return found
-        path.pop()
-        state[m] = 2
-        return None
-
-    for m in sorted(graph):
-        if m not in state and (found := visit(m)):
-            return found
-    return None
 
 
 def _sys_path_edits(source: str) -> bool:
