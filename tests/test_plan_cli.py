@@ -68,6 +68,8 @@ def test_space_plan_real_cli() -> None:
     ([*EXPLICIT], "--score-noise"),
     ([*EXPLICIT, "--public-validation", "--target-epsilon", "-2"], "--target-epsilon"),
     (["--space", "does/not/exist.yaml"], "--space"),
+    # a space that plans its final run runs on the full data: was a KeyError traceback
+    (["--space", "search_spaces/mnist.yaml", "--tune-fraction", "0.5"], "--tune-fraction"),
 ])
 def test_bad_cli_input_exits_2(args: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 2

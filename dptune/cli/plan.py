@@ -48,6 +48,7 @@ from dptune.config import (
     SearchSpace,
     TrialConfig,
     check_privacy,
+    check_space,
     load_space,
     nominal_train_size,
 )
@@ -150,11 +151,12 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
     if args.tune_fraction is not None:
         space = dataclasses.replace(space, tune_fraction=args.tune_fraction)
     try:
+        check_space(space)  # the overrides too (--tune-fraction on a space that plans its final run: refused)
         plan = plan_search(space, n, _rule(args, space.privacy))
     except ConfigError as e:
         if e.field != "search.tune_fraction" or args.tune_fraction is None:
             raise
-        raise ConfigError("--tune-fraction", e.problem, e.fix) from e
+        raise ConfigError("--tune-fraction", e.problem, e.fix.replace("remove search.tune_fraction", "drop --tune-fraction")) from e
     return plan, space
 
 
