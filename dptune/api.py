@@ -61,7 +61,16 @@ def plan(space: str | Path | Mapping[str, Any] | SearchSpace, *, n_train: int | 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """The release of one search: only the best trial's config and noised score, and the certificate."""
+    """The release of one search: only the best trial's config and noised score, and the certificate.
+
+    Attributes:
+        run: The run folder (its ``sealed/`` is the curator's).
+        release: The release folder: ``best_config.yaml`` (everything ``dptune.train`` needs), the certificate.
+        config: The released hyperparameters a user sets — the searched ones first, then the space's fixed
+            ones; nothing internal (the trials' seeds) or derived (score noise, alc's per-layer clip norms).
+        score: The best trial's noised validation score (None: none released).
+        certificate: The search's certificate (``epsilon`` is its charge).
+    """
 
     run: Path
     release: Path
@@ -84,6 +93,7 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
     ``ledger``: default the per-user ledger the CLI uses (:func:`dptune.ledger.default_ledger_path`).
     ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay."""
     from dptune.ledger import default_ledger_path
+    from dptune.release import user_config
     from dptune.tuning.driver import SearchRequest, default_run_name, run_search
     from dptune.tuning.options import RayOptions
 
@@ -95,7 +105,7 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
                                    budget_epsilon=budget_epsilon, budget_delta=budget_delta,
                                    resume=resume, seed=seed, ray=ray, tune_anyway=tune_anyway))
     release = out.run.release
-    return SearchResult(out.run.root, release, dict(out.released["config"]), out.released["score"],
+    return SearchResult(out.run.root, release, user_config(out.released["config"], s.space), out.released["score"],
                         load_certificate(release / "certificate.json"))
 
 
