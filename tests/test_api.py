@@ -132,3 +132,14 @@ def test_api_result_config_holds_what_a_user_sets(tmp_path: Path, capsys: pytest
     assert stored["score_noise"] is not None and "layer_clip" in stored and "seed" not in stored  # format kept
     assert {k: stored[k] for k in found.config} == found.config
     capsys.readouterr()
+
+
+def test_resume_call_repeats_what_was_given() -> None:
+    """The call an interrupted ``dptune.search`` names (tests/test_search_faults.py runs it): the same space and
+    arguments, ``name`` and ``resume=True``; a budget is not reopened; a dict or SearchSpace is named, not dumped."""
+    from dptune.api import resume_call
+
+    given = {"space": Path("spaces/x.yaml"), "budget_epsilon": 30, "ledger": Path("l.sqlite"), "name": None,
+             "epochs": None, "num_cpus": 2, "seed": None, "resume": False, "cpus_per_trial": 1.0}
+    assert resume_call(given, "x-1") == "dptune.search('spaces/x.yaml', name='x-1', resume=True, ledger='l.sqlite', num_cpus=2)"
+    assert resume_call({**given, "space": {"space": {}}}, "x-1").endswith(", with space the same dict as this call's")
