@@ -155,3 +155,23 @@ def test_a_local_search_listens_on_loopback_only_and_no_exporter_serves_trial_se
         assert beyond == [] and listening_beyond_loopback(proc.pid) == [], beyond
     finally:
         proc.communicate("\n", timeout=120)
+
+
+def test_the_dashboard_url_said_before_ray_starts_follows_rays_port_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 part 5: the URL is printed before Ray starts, so it is predicted by Ray's own rule for a local
+    dashboard — the first port from its default on which the host binds — or taken from --dashboard-port."""
+    import socket
+
+    import ray._private.ray_constants as ray_constants
+
+    from dptune.tuning.options import RayOptions
+    from dptune.tuning.raysession import expected_dashboard_url
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(ray_constants, "DEFAULT_DASHBOARD_PORT", port)
+        url = expected_dashboard_url(RayOptions())
+        assert url.startswith("http://127.0.0.1:") and int(url.rsplit(":", 1)[1]) > port, url
+    assert expected_dashboard_url(RayOptions(dashboard_port=port)) == f"http://127.0.0.1:{port}"
