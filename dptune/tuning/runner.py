@@ -161,6 +161,7 @@ def sealed_ray_logs(path: Path) -> Iterator[None]:
             lg.handlers = handlers
             lg.propagate = propagate
         handler.close()
+        stream.close()  # a StreamHandler leaves its stream open: one file per search in a notebook's process
 
 
 class _SealedLog(Callback):
