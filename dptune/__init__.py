@@ -22,7 +22,7 @@ with _warnings.catch_warnings():
     # shows no progress bar (a search's progress would tell the number of trials), so it tells its users nothing
     _warnings.filterwarnings("ignore", message="IProgress not found", category=_TqdmWarning)
     from dptune.accounting import Plan, StoppingRule, plan_search, sigma_floor
-    from dptune.api import SearchResult, plan, search, train
+    from dptune.api import FinalModel, SearchResult, plan, search, train
     from dptune.certificate import Certificate, load_certificate
     from dptune.config import SearchSpace, TrialConfig, load_space
     from dptune.errors import ConfigError
@@ -33,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Certificate",
     "ConfigError",
+    "FinalModel",
     "Ledger",
     "Plan",
     "SearchResult",

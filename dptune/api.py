@@ -23,8 +23,9 @@ from dptune.accounting import Plan, plan_search
 from dptune.certificate import Certificate, load_certificate
 from dptune.config import SearchSpace, check_space, load_space, nominal_train_size, parse_space
 from dptune.errors import ConfigError, check_positive, check_unit_interval
+from dptune.final import FinalModel
 
-__all__ = ["SearchResult", "plan", "search", "train"]
+__all__ = ["FinalModel", "SearchResult", "plan", "search", "train"]
 
 
 def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction: float | None = None,
@@ -50,9 +51,10 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
 
 
 def plan(space: str | Path | Mapping[str, Any] | SearchSpace, *, n_train: int | None = None,
-         tune_fraction: float | None = None) -> Plan:
-    """The charge of a search over ``space`` (the worst case over it), before anything touches data."""
-    s = _space(space, tune_fraction=tune_fraction)
+         tune_fraction: float | None = None, epochs: float | None = None) -> Plan:
+    """The charge of a search over ``space`` (the worst case over it), before anything touches data; ``epochs``
+    and ``tune_fraction`` as :func:`search` takes them, so the plan is the charge of that search."""
+    s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     n = n_train if n_train is not None else nominal_train_size(s.dataset)
     if n is None:
         raise ConfigError("n_train", f"dataset {s.dataset.name!r} has no nominal size", "pass n_train=…")
@@ -138,8 +140,8 @@ def resume_call(given: Mapping[str, Any], name: str) -> str:
 
 def train(release: str | Path | SearchResult, *, out: str | Path | None = None, target_epsilon: float | None = None,
           train_on_validation: bool = False, epochs: float | None = None, device: str | None = None,
-          use_best_checkpoint: bool = False, seed: int | None = None) -> Any:
-    """Final DP training of a release (charged to the search's own ledger); returns a ``FinalModel``."""
+          use_best_checkpoint: bool = False, seed: int | None = None) -> FinalModel:
+    """Final DP training of a release (charged to the search's own ledger): what it wrote and what it cost."""
     from dptune.final import TrainRequest, run_final
 
     rel = release.release if isinstance(release, SearchResult) else Path(release)

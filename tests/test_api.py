@@ -40,6 +40,8 @@ def test_api_plan_search_train_match_the_cli(tmp_path: Path, capsys: pytest.Capt
                           name="s", seed=seed, epochs=2)
     model = dptune.train(found, target_epsilon=found.epsilon + 2, epochs=1, seed=1)
     assert found.score is None and found.config["batch_size"] == raw["default"]["batch_size"]  # K = 0
+    assert dptune.plan(raw, epochs=2).search_epsilon == pytest.approx(found.epsilon, rel=1e-9)  # the plan of that search
+    assert isinstance(model, dptune.FinalModel)
     assert model.epsilon <= found.epsilon + 2 and 0 <= model.metrics["test_accuracy"] <= 1
 
     assert search_main(["--space", str(SPACE), "--name", "s", "--runs-dir", str(tmp_path / "cli"), "--ledger",
