@@ -13,6 +13,10 @@ so every clipping engine, bookkeeping and ghost included, is audited on its own 
 trials and searches, what each threat model sees, canary scores).
 """
 
+from dptune._params import (  # the trainer's q and T, for benches (public imports only)
+    sampling_rate,
+    trial_steps,
+)
 from dptune.audit._bound import (
     Audit,
     Guesses,
@@ -91,5 +95,7 @@ __all__ = [
     "observed_search",
     "observed_trial",
     "p_value",
+    "sampling_rate",
+    "trial_steps",
     "white_box_scores",
 ]

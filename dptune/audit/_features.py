@@ -22,7 +22,14 @@ Every input carries one extra number, its canary index j (0: none): a real examp
 The auditor knows every canary's input and label, so from each observed model θ_t it computes u and a per canary
 (``column_directions``); the observed change of column j, in units of C and projected on u, is
 x_t = b_t a_t + N(0, σ²) (b_t ∈ {0, 1}: canary j sampled at step t; the noise, σC per coordinate, is drawn after
-θ_t, so its projection on a unit vector fixed by θ_t is N(0, σ²C²)). ``_feature_scores`` turns that into scores.
+θ_t, so its projection on a unit vector fixed by θ_t is N(0, σ²C²)); ``_observe.feature_white_box_scores`` turns
+that into each canary's log-likelihood ratio. Measured (``bench/results/audit_engines.md``, ``tests/
+test_audit_engines.py``): the same column sums in bookkeeping, ghost, hooks and functorch, equal to c_j G δ_j to
+float32 rounding; a ≥ 0.9997 through a whole trial; projected noise 0.994σ–1.004σ, in and out.
+
+The one-hot G e_j is built in the forward pass from the index, so a row of the training split is d + 1 numbers, not
+d + m; G is large against ‖J‖ but small enough that the canary's logits G·W_j move by O(1) over a trial (column
+updates are lr·(signal + noise)/B: at q = 1, B ≈ 8k, about 0.06σ per step), so softmax does not saturate.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ FEATURE_VALUE = 1000.0  # G: large against ‖J‖ (the column's share of the no
 
 class FeatureCanaryModel(nn.Module):
     """``base`` plus the canary head (module docstring). Inputs: (N, 1, 1, d + 1), an image of ``image_shape``
-    flattened to d features, then the canary index (0: none; 1..m: that canary; anything else: none)."""
+    flattened to d features, then the canary index (rounded; 1..m: that canary; 0 or out of range: none)."""
 
     def __init__(self, base: nn.Module, image_shape: tuple[int, int, int], canaries: int, value: float,
                  num_classes: int) -> None:
@@ -117,6 +124,8 @@ def feature_audit_basis(n_train: int, canaries: FeatureCanaries) -> int:
 
 def feature_audit_config(config: TrialConfig, data: Splits, canaries: FeatureCanaries) -> TrialConfig:
     """``config`` with its model wrapped in the canary head (everything else, the clipping mode included, as is)."""
+    if config.augmult > 0:
+        raise ValueError("feature canaries need augmult 0: augmented views of a canary would move its index")
     base_kwargs = dict(config.model_kwargs)
     if config.scale_norm:
         base_kwargs.setdefault("scale_norm", True)
