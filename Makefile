@@ -32,6 +32,11 @@ test: lint
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# The tuning-value harness's smoke check (digits, 1 epoch, one row; report in runs/bench/): docs/results.md,
+# "One harness, every command".
+bench: $(STAMP)
+	$(BIN)/python bench/tuning_value.py --quick
+
 # The docs site (mkdocs.yml): strict, so a broken link or anchor, or a stale docs/spaces.md, fails the build.
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict -d site

@@ -16,22 +16,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from dptune._params import trial_steps  # noqa: E402
-from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event  # noqa: E402
-from dptune.audit import (  # noqa: E402
+from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event, trial_steps
+from dptune.audit import (
     audit_basis,
     audit_epsilon,
     audit_fdp,
@@ -40,12 +33,12 @@ from dptune.audit import (  # noqa: E402
     observed_trial,
     white_box_scores,
 )
-from dptune.config import DatasetSpec, TrialConfig  # noqa: E402
-from dptune.data import load_dataset, poisson_subsample  # noqa: E402
-from dptune.dpsgd import init_model  # noqa: E402
+from dptune.config import DatasetSpec, TrialConfig
+from dptune.data import load_dataset, poisson_subsample
+from dptune.dpsgd import init_model
 
 DELTA = 1e-5
-RESULTS = ROOT / "bench" / "results" / "audit_fdp.md"
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "audit_fdp.md"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,15 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dptune.accounting import calibrate_noise_multiplier, epsilon, sampling_rate, trial_event, trial_steps
+from dptune.config import DatasetSpec, TrialConfig, load_space
+from dptune.data import load_dataset
+from dptune.dpsgd import resolve_clipping, run_trial
+from dptune.models import build_model, count_parameters
 
-from dptune._params import sampling_rate, trial_steps  # noqa: E402
-from dptune.accounting import calibrate_noise_multiplier, epsilon, trial_event  # noqa: E402
-from dptune.config import DatasetSpec, TrialConfig, load_space  # noqa: E402
-from dptune.data import load_dataset  # noqa: E402
-from dptune.dpsgd import resolve_clipping, run_trial  # noqa: E402
-from dptune.models import build_model, count_parameters  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the repository: its space files
 
 SPACES = {"resnet9": ROOT / "search_spaces" / "cifar10_resnet9.yaml",
           "wrn16_4": ROOT / "search_spaces" / "cifar10_wrn16_4.yaml"}

@@ -2,7 +2,8 @@
 
     python bench/clipping_modes.py --seeds 40,41 --epsilons 2,4        # writes bench/results/clipping_modes.md/.json
 
-Pool, splits (8,000 / 1,000 / 1,000 per split seed), model and final training as ``bench/tuning_value_transfer.py``.
+Pool, splits (8,000 / 1,000 / 1,000 per split seed), model and final training as the tuning-value harness
+(``bench/tuning_value.py --space search_spaces/mnist.yaml``, modes S and A).
 
 (flat) ``search_spaces/mnist_scaled.yaml``: the scaled searcher (B × lr, 6 candidates, one noisy max, final run
        planned from the total ε), per-example clipping of the whole gradient at C = 1, GroupNorm tanh CNN;
@@ -29,49 +30,44 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness.context import BenchSpec, bench
+from harness.runner import load_modes, run_tasks
+from harness.stats import paired_stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tuning_value import paired_stats  # noqa: E402
-from tuning_value_mnist import DELTA, MNIST, N_FINAL, ROOT, _data, run_tasks  # noqa: E402
-from tuning_value_transfer import baseline_space, run_search  # noqa: E402
+from dptune.accounting import calibrate_final, epsilon, trial_event
 
-from dptune._params import sampling_rate, trial_steps  # noqa: E402
-from dptune.accounting import calibrate_noise_multiplier, epsilon, trial_event  # noqa: E402
-
+SPEC = BenchSpec(space="search_spaces/mnist.yaml")  # the data, the baseline config (planner.baseline), δ
 GRID = ((256, 0.1), (256, 1.0), (1024, 0.1), (1024, 1.0))  # (B, lr), 10 epochs
 NAMES = {"flat": "(flat) per-example clipping, scaled search", "alc": "(alc) layerwise clipping, same search",
          "bc": "(bc) batch clipping + BatchNorm, best of grid (test-scored upper bound)",
          "gn": "(gn) per-example + GroupNorm, best of grid (test-scored upper bound)"}
 
 
-def _grid_run(eps: float, seed: int, merged: Any, b: int, lr: float, batch: bool) -> float:
+def _grid_run(bb: Any, eps: float, seed: int, merged: Any, b: int, lr: float, batch: bool) -> float:
     from dptune.dpsgd import run_trial
 
-    cfg = baseline_space().default.replace(batch_size=b, learning_rate=lr, score_noise=None,
-                                           seed=1_000_003 * (seed + 1) + b + round(100 * lr))
+    cfg = bb.baseline.replace(batch_size=b, learning_rate=lr, seed=1_000_003 * (seed + 1) + b + round(100 * lr))
     if batch:
         cfg = cfg.replace(clipping="batch", model_kwargs={"norm": "batch"}, physical_batch_size=2 * b)
-    q = sampling_rate(batch_size=b, basis=N_FINAL)
-    steps = trial_steps(epochs=cfg.epochs, batch_size=b, basis=N_FINAL)
-    sigma = calibrate_noise_multiplier([], sampling_rate=q, steps=steps, delta=DELTA, target_epsilon=eps)
-    sens = 2.0 if batch else 1.0
-    assert epsilon([trial_event(noise_multiplier=sigma, sampling_rate=q, steps=steps, score_noise=None)],
-                   DELTA) <= eps * (1 + 1e-9)
-    r = run_trial(cfg.replace(noise_multiplier=sigma * sens), merged, evaluate_test=True)
-    assert r.noise_std is not None and abs(r.noise_std / (sigma * sens) - 1) < 0.02  # measured, not copied
+    cal = calibrate_final(cfg, n_train=bb.n_final, delta=bb.delta, target_epsilon=eps)  # batch clipping: σ × 2
+    assert cal.epsilon_total() <= eps * (1 + 1e-9)
+    r = run_trial(cal.config, merged, evaluate_test=True)
+    assert r.noise_std is not None and abs(r.noise_std / cal.config.noise_multiplier - 1) < 0.02  # measured
     return float(r.test_accuracy or 0.0)
 
 
-def run_task(eps: float, seed: int, task: str) -> dict[str, Any]:
+def run_task(spec: BenchSpec, task: str, plan: Any, eps: float, seed: int) -> dict[str, Any]:
+    """One task (``harness.runner.run_tasks``' signature): the search of S or A, or a grid."""
     import torch
 
     torch.set_num_threads(1)
     t0 = time.time()
-    data, merged = _data(seed)
-    if task in ("flat", "alc"):
-        out = run_search("S" if task == "flat" else "A", eps, seed, data, merged, key="S")
+    bb = bench(spec)
+    data, merged = bb.splits(seed)
+    if task in ("flat", "alc"):  # the same draw and noise seeds: alc takes S's key
+        out = load_modes()["S" if task == "flat" else "A"].run(bb, None, eps, seed, data, merged)
     else:
-        out = {"grid": [_grid_run(eps, seed, merged, b, lr, task == "bc") for b, lr in GRID]}
+        out = {"grid": [_grid_run(bb, eps, seed, merged, b, lr, task == "bc") for b, lr in GRID]}
         out["test"] = max(out["grid"])
     return {"epsilon": eps, "seed": seed, "task": task, "seconds": time.time() - t0, **out}
 
@@ -79,9 +75,9 @@ def run_task(eps: float, seed: int, task: str) -> dict[str, Any]:
 def paper_epsilon() -> list[str]:
     sigma = 0.01875 / 2  # batch clipping: sensitivity 2C
     q, t = 64 / 50_000, 50_000 // 64
-    one = epsilon([trial_event(noise_multiplier=sigma, sampling_rate=q, steps=1, score_noise=None)], DELTA)
-    epoch = epsilon([trial_event(noise_multiplier=sigma, sampling_rate=q, steps=t, score_noise=None)], DELTA)
-    return [f"The paper's σ = 0.01875 under batch clipping (charged at σ/2), δ = {DELTA:g}: one step at q = 64/50,000 "
+    one = epsilon([trial_event(noise_multiplier=sigma, sampling_rate=q, steps=1, score_noise=None)], bench(SPEC).delta)
+    epoch = epsilon([trial_event(noise_multiplier=sigma, sampling_rate=q, steps=t, score_noise=None)], bench(SPEC).delta)
+    return [f"The paper's σ = 0.01875 under batch clipping (charged at σ/2), δ = {bench(SPEC).delta:g}: one step at q = 64/50,000 "
             f"costs ε = {one:,.0f}; one epoch of CIFAR-10 at B 64 ({t} steps) costs ε = {epoch:,.0f}."]
 
 
@@ -129,10 +125,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seeds", default="40,41")
     p.add_argument("--epsilons", default="2,4")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "clipping_modes.md"))
+    p.add_argument("--out", default="bench/results/clipping_modes.md")
     args = p.parse_args(argv)
-    if not MNIST.is_dir():
-        print(f"{MNIST} is not here: this bench needs the real MNIST test split")
+    if not Path(str(bench(SPEC).space.dataset.path)).is_dir():
+        print(f"{bench(SPEC).space.dataset.path} is not here: this bench needs the real MNIST test split")
         return 2
     cmd = " ".join(["python", "bench/clipping_modes.py", *argv])
     out, t0 = Path(args.out), time.time()
@@ -143,7 +139,7 @@ def main(argv: list[str]) -> int:
         out.with_suffix(".json").write_text(json.dumps([x for c in cells.values() for x in c.values()], default=str))
 
     rows = [(float(e), int(s)) for e in args.epsilons.split(",") for s in args.seeds.split(",")]
-    run_tasks([(run_task, (e, s, t)) for e, s in rows for t in NAMES], args.jobs, cells, t0, save)
+    run_tasks([(SPEC, t, None, e, s) for e, s in rows for t in NAMES], args.jobs, 1, cells, save, task=run_task)
     print(out.read_text())
     return 0
 

@@ -48,23 +48,20 @@ from typing import Any
 
 import numpy as np
 
-from dptune._params import sampling_rate, trial_steps
-from dptune.accounting import calibrate_noise_multiplier
+from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps
 from dptune.config import DatasetSpec, SearchSpace, load_space, nominal_train_size
 from dptune.searchers import searcher
 
-ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
 DIGITS = DatasetSpec(name="digits", validation_size=180, test_size=360)
 N_FINAL = 1797 - 360  # digits train ∪ validation
 
 
 def configs(space: SearchSpace, n: int) -> list[dict[str, Any]]:
-    from dptune._distributions import sample_params
-
     if space.searcher == "scaled":
         return [dict(c) for c in searcher(space.searcher).candidates(space)]
     rng = np.random.default_rng(20_261_125)  # public and fixed: these are configs, not secrets
-    return [sample_params(space.space, rng) for _ in range(n)]
+    return [searcher("random").sample(space, rng) for _ in range(n)]  # i.i.d. draws from the space
 
 
 def on_digits(space: SearchSpace, params: dict[str, Any], n_space: int) -> Any:
@@ -103,13 +100,11 @@ def carried(cfg: Any, ratio: float, n_val_ratio: float) -> Any:
 def rehearse(space_path: str, eps: float, seed: int) -> dict[str, Any]:
     """One rehearsal row: the search and the baseline at total ``eps`` on digits split ``seed``."""
     import torch
+    from harness.searches import search_once
 
     from dptune.accounting import plan_search, plan_transfer
     from dptune.data import load_dataset
     from dptune.dpsgd import run_trial
-    if str(ROOT / "bench") not in sys.path:  # a spawned worker
-        sys.path.insert(0, str(ROOT / "bench"))
-    from tuning_value_transfer import search_once
 
     torch.set_num_threads(1)
     space = load_space(space_path).with_privacy(target_epsilon=eps)
@@ -173,7 +168,7 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
     lines += ["", "```yaml", "  rehearsal: {" + ", ".join(f"{e:g}: {np.mean(g):.4f}" for e, g in sorted(gains.items()))
               + "}", "```", ""]
     text = "\n".join(lines)
-    out = ROOT / "bench" / "results" / f"rehearsal_{space.name}.md"
+    out = RESULTS / f"rehearsal_{space.name}.md"
     out.write_text(text)
     print(text)
     return 0
@@ -191,7 +186,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--epsilons", default="1,2,4", help="--rehearse: total ε values")
     args = p.parse_args(argv)
     if args.rehearse:
-        sys.path.insert(0, str(ROOT / "bench"))
         return main_rehearse(args, argv)
     space = load_space(args.space)
     n_space = nominal_train_size(space.dataset)
@@ -226,7 +220,7 @@ def main(argv: list[str]) -> int:
         "```yaml", "planner:", f"  proxy: \"scikit-learn digits, bench/proxy_priors.py --space {args.space}\"",
         f"  accuracy_spread: {spread:.4f}", f"  loss_per_noise_doubling: {ell:.4f}", "```", ""]
     text = "\n".join(lines)
-    out = ROOT / "bench" / "results" / f"proxy_priors_{space.name}.md"
+    out = RESULTS / f"proxy_priors_{space.name}.md"
     out.write_text(text)
     print(text)
     return 0

@@ -16,16 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dptune.config import TrialConfig  # noqa: E402
-from dptune.data import Splits  # noqa: E402
-from dptune.dpsgd import init_model, make_engine  # noqa: E402
+from dptune.config import TrialConfig
+from dptune.data import Splits
+from dptune.dpsgd import init_model, make_engine
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
 

@@ -6,23 +6,34 @@ and Ray load only in the modules that need them.
 """
 
 import logging as _logging
+import warnings as _warnings
 
 # dp_accounting logs one warning per RDP order whose series does not converge (that order is then left
 # out of the minimum, which is safe): noise for dptune's users, dropped here and only here.
 _logging.getLogger("absl").addFilter(lambda record: "failed to converge" not in record.getMessage())
 
-from dptune.accounting import Plan, StoppingRule, plan_search, sigma_floor  # noqa: E402
-from dptune.api import SearchResult, plan, search, train  # noqa: E402
-from dptune.certificate import Certificate, load_certificate  # noqa: E402
-from dptune.config import SearchSpace, TrialConfig, load_space  # noqa: E402
-from dptune.errors import ConfigError  # noqa: E402
-from dptune.ledger import Ledger  # noqa: E402
+try:
+    from tqdm import TqdmWarning as _TqdmWarning
+except ImportError:  # pragma: no cover (optuna requires tqdm)
+    _TqdmWarning = UserWarning
+
+with _warnings.catch_warnings():
+    # optuna imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns "IProgress not found": dptune
+    # shows no progress bar (a search's progress would tell the number of trials), so it tells its users nothing
+    _warnings.filterwarnings("ignore", message="IProgress not found", category=_TqdmWarning)
+    from dptune.accounting import Plan, StoppingRule, plan_search, sigma_floor
+    from dptune.api import FinalModel, SearchResult, plan, search, train
+    from dptune.certificate import Certificate, load_certificate
+    from dptune.config import SearchSpace, TrialConfig, load_space
+    from dptune.errors import ConfigError
+    from dptune.ledger import Ledger
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Certificate",
     "ConfigError",
+    "FinalModel",
     "Ledger",
     "Plan",
     "SearchResult",

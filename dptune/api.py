@@ -23,8 +23,9 @@ from dptune.accounting import Plan, plan_search
 from dptune.certificate import Certificate, load_certificate
 from dptune.config import SearchSpace, check_space, load_space, nominal_train_size, parse_space
 from dptune.errors import ConfigError, check_positive, check_unit_interval
+from dptune.final import FinalModel
 
-__all__ = ["SearchResult", "plan", "search", "train"]
+__all__ = ["FinalModel", "SearchResult", "plan", "search", "train"]
 
 
 def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction: float | None = None,
@@ -50,9 +51,10 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
 
 
 def plan(space: str | Path | Mapping[str, Any] | SearchSpace, *, n_train: int | None = None,
-         tune_fraction: float | None = None) -> Plan:
-    """The charge of a search over ``space`` (the worst case over it), before anything touches data."""
-    s = _space(space, tune_fraction=tune_fraction)
+         tune_fraction: float | None = None, epochs: float | None = None) -> Plan:
+    """The charge of a search over ``space`` (the worst case over it), before anything touches data; ``epochs``
+    and ``tune_fraction`` as :func:`search` takes them, so the plan is the charge of that search."""
+    s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     n = n_train if n_train is not None else nominal_train_size(s.dataset)
     if n is None:
         raise ConfigError("n_train", f"dataset {s.dataset.name!r} has no nominal size", "pass n_train=…")
@@ -61,7 +63,16 @@ def plan(space: str | Path | Mapping[str, Any] | SearchSpace, *, n_train: int | 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """The release of one search: only the best trial's config and noised score, and the certificate."""
+    """The release of one search: only the best trial's config and noised score, and the certificate.
+
+    Attributes:
+        run: The run folder (its ``sealed/`` is the curator's).
+        release: The release folder: ``best_config.yaml`` (everything ``dptune.train`` needs), the certificate.
+        config: The released hyperparameters a user sets — the searched ones first, then the space's fixed
+            ones; nothing internal (the trials' seeds) or derived (score noise, alc's per-layer clip norms).
+        score: The best trial's noised validation score (None: none released).
+        certificate: The search's certificate (``epsilon`` is its charge).
+    """
 
     run: Path
     release: Path
@@ -82,27 +93,55 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
            resume: bool = False, seed: int | None = None, tune_anyway: bool = False) -> SearchResult:
     """Run a private search (charged to ``ledger`` before any trial) and return its release.
     ``ledger``: default the per-user ledger the CLI uses (:func:`dptune.ledger.default_ledger_path`).
-    ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay."""
+    ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay.
+
+    Raises :class:`dptune.ConfigError` before anything is charged for bad input; once charged, a search that is
+    interrupted or fails raises ``SearchStopped``: nothing released, the charge reserved, and its message ends
+    with the exact call that continues it (``resume=True``)."""
+    given = dict(locals())
     from dptune.ledger import default_ledger_path
-    from dptune.tuning.driver import SearchRequest, default_run_name, run_search
+    from dptune.release import user_config
+    from dptune.tuning.driver import SearchRequest, SearchStopped, default_run_name, run_search
     from dptune.tuning.options import RayOptions
 
     s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     run_name = name or default_run_name(s)
     ray = RayOptions(address=address, num_cpus=num_cpus, cpus_per_trial=cpus_per_trial,
                      gpus_per_trial=gpus_per_trial, save_model=save_checkpoint)
-    out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name, ledger=Path(ledger or default_ledger_path()).expanduser().resolve(),
-                                   budget_epsilon=budget_epsilon, budget_delta=budget_delta,
-                                   resume=resume, seed=seed, ray=ray, tune_anyway=tune_anyway))
+    try:
+        out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name,
+                                       ledger=Path(ledger or default_ledger_path()).expanduser().resolve(),
+                                       budget_epsilon=budget_epsilon, budget_delta=budget_delta,
+                                       resume=resume, seed=seed, ray=ray, tune_anyway=tune_anyway))
+    except SearchStopped as e:  # its message ends with this very call, resumed
+        raise e.resumed_by(resume_call(given, run_name)) from None
     release = out.run.release
-    return SearchResult(out.run.root, release, dict(out.released["config"]), out.released["score"],
+    return SearchResult(out.run.root, release, user_config(out.released["config"], s.space), out.released["score"],
                         load_certificate(release / "certificate.json"))
+
+
+# a resume charges nothing and opens no budget: the budget arguments are not repeated
+_NOT_REPEATED = ("space", "name", "resume", "budget_epsilon", "budget_delta")
+
+
+def resume_call(given: Mapping[str, Any], name: str) -> str:
+    """The call that continues the search ``dptune.search(**given)`` named ``name``: the same space and every
+    argument given other than its default, with ``name`` and ``resume=True``."""
+    import inspect
+
+    params = inspect.signature(search).parameters
+    space = given["space"]
+    first = repr(str(space)) if isinstance(space, str | Path) else "space"
+    args = [f"{k}={str(v)!r}" if isinstance(v, Path) else f"{k}={v!r}" for k, v in given.items()
+            if k not in _NOT_REPEATED and k in params and v != params[k].default]
+    call = f"dptune.search({', '.join([first, f'name={name!r}', 'resume=True', *args])})"
+    return call if first != "space" else f"{call}, with space the same {type(space).__name__} as this call's"
 
 
 def train(release: str | Path | SearchResult, *, out: str | Path | None = None, target_epsilon: float | None = None,
           train_on_validation: bool = False, epochs: float | None = None, device: str | None = None,
-          use_best_checkpoint: bool = False, seed: int | None = None) -> Any:
-    """Final DP training of a release (charged to the search's own ledger); returns a ``FinalModel``."""
+          use_best_checkpoint: bool = False, seed: int | None = None) -> FinalModel:
+    """Final DP training of a release (charged to the search's own ledger): what it wrote and what it cost."""
     from dptune.final import TrainRequest, run_final
 
     rel = release.release if isinstance(release, SearchResult) else Path(release)

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dptune import clipping
-from dptune._params import sampling_rate, trial_steps
-from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
+from dptune.accounting import TrialPoint, calibrate_final
 from dptune.certificate import Certificate, guarantee, verify_binding
 from dptune.config import DatasetSpec, TrialConfig, later_defaults
 from dptune.errors import ConfigError
@@ -187,30 +185,21 @@ def _local_dataset(release: Release, cur: _Curator) -> DatasetSpec:
 
 def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple[TrialConfig, Any, dict]:
     cert = release.certificate
-    # no score is released by final training: score_noise None, and the event has no score part
-    config = release.config.replace(seed=seed, score_noise=None)
+    config = release.config.replace(seed=seed)
     if req.epochs is not None:
         config = config.replace(epochs=float(req.epochs))
-    q = sampling_rate(batch_size=config.batch_size, basis=n)
-    steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
-    sensitivity = clipping.sensitivity(config.clipping)  # batch clipping: one example moves the step by 2C
-    if req.target_epsilon is not None:
-        try:
-            sigma = calibrate_noise_multiplier([e for _, e in cert.events], sampling_rate=q, steps=steps,
-                                               delta=cert.delta, target_epsilon=req.target_epsilon)
-        except ConfigError as e:
-            raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
-        config = config.replace(noise_multiplier=sigma * sensitivity)
-    if release.lr_times_sigma is not None:  # the transfer rule lr·σ = L·σ_f, at the σ this run has
-        config = config.replace(learning_rate=release.lr_times_sigma / config.noise_multiplier)
-    event = trial_event(noise_multiplier=config.noise_multiplier / sensitivity, sampling_rate=q, steps=steps,
-                        score_noise=None)
-    summary = {"noise_multiplier": config.noise_multiplier, "sensitivity": sensitivity, "sampling_rate": q, "steps": steps,
-               "epochs": config.epochs, "batch_size": config.batch_size, "n_train": n,
-               "learning_rate": config.learning_rate,
+    try:  # σ after the search's events (no score: final training releases none), lr by the transfer rule
+        cal = calibrate_final(config, n_train=n, delta=cert.delta, prior_events=[e for _, e in cert.events],
+                              target_epsilon=req.target_epsilon, lr_times_sigma=release.lr_times_sigma)
+    except ConfigError as e:
+        raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
+    config = cal.config
+    summary = {"noise_multiplier": config.noise_multiplier, "sensitivity": cal.sensitivity,
+               "sampling_rate": cal.sampling_rate, "steps": cal.steps, "epochs": config.epochs,
+               "batch_size": config.batch_size, "n_train": n, "learning_rate": config.learning_rate,
                "train_on_validation": bool(req.train_on_validation), "target_epsilon": req.target_epsilon,
-               "epsilon_alone": epsilon([event], cert.delta)}
-    return config, event, summary
+               "epsilon_alone": cal.epsilon_alone()}
+    return config, cal.event, summary
 
 
 def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: Path) -> FinalModel:

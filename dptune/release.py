@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,13 @@ from dptune.config import INTERNAL_FIELDS, DatasetSpec, SearchSpace, TrialConfig
 from dptune.errors import ConfigError
 from dptune.trials import TrialRow
 
-__all__ = ["Release", "load_release", "pack_release", "public_dataset", "release_document", "released_params", "search_certificate", "select",
-           "select_best", "select_noisy_max", "write_release"]
+__all__ = ["NOT_USER_SET", "Release", "load_release", "pack_release", "public_dataset", "release_document", "released_params",
+           "search_certificate", "select", "select_best", "select_noisy_max", "user_config", "write_release"]
+
+# TrialConfig fields no space sets: the trial's secret seed (never released), the score noise (derived from
+# privacy:) and alc's per-layer clip norms (computed from public data). best_config.yaml keeps the last two
+# (final training reads them); what a user is shown as the released config leaves them out.
+NOT_USER_SET = (*INTERNAL_FIELDS, "score_noise", "layer_clip")
 
 
 def select_best(rows: Sequence[TrialRow]) -> TrialRow | None:
@@ -102,6 +107,14 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
     if space.privacy.selection == "noisy_max" or score == float("-inf"):
         return params, None
     return params, float(score)
+
+
+def user_config(config: Mapping[str, Any], searched: Iterable[str] = ()) -> dict[str, Any]:
+    """The hyperparameters of a released ``config`` that a user sets (a space's ``space:``, ``fixed:`` and
+    ``model:`` keys), the ``searched`` ones first; nothing internal or derived (:data:`NOT_USER_SET`)."""
+    first = sorted(k for k in set(searched) if k in config)
+    rest = sorted(k for k in config if k not in first and k not in NOT_USER_SET)
+    return {k: config[k] for k in [*first, *rest]}
 
 
 def public_dataset(spec: DatasetSpec) -> dict[str, Any]:

@@ -42,6 +42,30 @@ def test_rdp_curve_matches_public_accountant() -> None:
     assert A.rdp_epsilon([e], DELTA) == pytest.approx(oracle_epsilon(e), rel=1e-9)
 
 
+# (q, σ) where dp_accounting's series behave differently: tiny and huge σ, q near 0 and 1, the special cases
+# (q = 0, q = 1, σ = 0), slow series (small σ, large q) and random points of dptune's planning range
+_PSG_CASES = [(0.0, 1.0), (1.0, 1.3), (0.5, 0.0), (0.01, 1.0), (0.128, 12.1), (0.2, 0.3), (0.9, 0.5),
+              (0.999, 2.0), (1e-6, 0.1), (0.05, 100.0), (0.3, 1e-3), (0.01, 1e5), (0.1, 0.8)] + [
+    (float(10 ** u), float(10 ** v)) for u, v in np.random.default_rng(7).uniform([-5, -1.5], [-0.01, 2], (40, 2))]
+
+
+@pytest.mark.parametrize("q, sigma", _PSG_CASES)
+def test_fast_subsampled_gaussian_rdp_is_dp_accountings_bit_for_bit(q: float, sigma: float) -> None:
+    """``_psg`` evaluates dp_accounting's series with array calls (every σ probe of the planner and of
+    final-training calibration is one curve): the same floats, not merely close ones."""
+    from dptune.accounting._convert import ORDERS
+    from dptune.accounting._psg import poisson_gaussian_rdp
+    from dptune.accounting._rdp import rdp_of
+
+    expected = rdp_acc._compute_rdp_poisson_subsampled_gaussian(q, sigma, list(ORDERS))  # noqa: SLF001
+    assert poisson_gaussian_rdp(q, sigma, ORDERS).tobytes() == expected.tobytes()
+    if 0 < q < 1 and sigma > 0:
+        event = de.PoissonSampledDpEvent(q, de.GaussianDpEvent(sigma))
+        acc = rdp_acc.RdpAccountant(orders=list(ORDERS))
+        acc.compose(event)
+        assert rdp_of(event).tobytes() == acc._rdp.tobytes()  # noqa: SLF001
+
+
 def test_score_release_composes() -> None:
     sgd = A.trial_event(noise_multiplier=1.5, sampling_rate=0.04, steps=2250, score_noise=None)
     with_score = A.trial_event(noise_multiplier=1.5, sampling_rate=0.04, steps=2250, score_noise=3.0)

@@ -40,6 +40,8 @@ def test_api_plan_search_train_match_the_cli(tmp_path: Path, capsys: pytest.Capt
                           name="s", seed=seed, epochs=2)
     model = dptune.train(found, target_epsilon=found.epsilon + 2, epochs=1, seed=1)
     assert found.score is None and found.config["batch_size"] == raw["default"]["batch_size"]  # K = 0
+    assert dptune.plan(raw, epochs=2).search_epsilon == pytest.approx(found.epsilon, rel=1e-9)  # the plan of that search
+    assert isinstance(model, dptune.FinalModel)
     assert model.epsilon <= found.epsilon + 2 and 0 <= model.metrics["test_accuracy"] <= 1
 
     assert search_main(["--space", str(SPACE), "--name", "s", "--runs-dir", str(tmp_path / "cli"), "--ledger",
@@ -108,3 +110,38 @@ def test_cli_refuses_asha_from_the_space_file(tmp_path: Path, capsys: pytest.Cap
     rc = search_main(["--space", str(tmp_path / "asha.yaml"), "--ledger", str(tmp_path / "l.sqlite"),
                       "--runs-dir", str(tmp_path / "runs"), "--budget-epsilon", "30"])
     assert rc == 2 and "search.scheduler" in capsys.readouterr().err
+
+
+def test_api_result_config_holds_what_a_user_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26 part 5: ``found.config`` carried every TrialConfig field the release file keeps for final
+    training (score noise, alc's clip norms, …). It holds what a space sets — the searched keys first — and the
+    release file is unchanged: final training still reads what it needs from it."""
+    import dataclasses
+
+    from dptune.config import TrialConfig
+    from dptune.release import NOT_USER_SET
+
+    raw = yaml.safe_load(SPACE.read_text())
+    found = dptune.search(raw, budget_epsilon=30, ledger=tmp_path / "l.sqlite", runs_dir=tmp_path / "runs",
+                          name="c", seed=_k0_seed(), epochs=2)
+    searched = sorted(raw["space"])
+    assert list(found.config)[:len(searched)] == searched
+    settable = {f.name for f in dataclasses.fields(TrialConfig)} - {"seed", "sampling_basis", "score_noise",
+                                                                      "layer_clip"}
+    assert set(found.config) == settable and not set(found.config) & set(NOT_USER_SET)
+    assert found.config["epochs"] == 2 and found.config["model"] == "gn_cnn"
+    stored = yaml.safe_load((found.release / "best_config.yaml").read_text())["config"]
+    assert stored["score_noise"] is not None and "layer_clip" in stored and "seed" not in stored  # format kept
+    assert {k: stored[k] for k in found.config} == found.config
+    capsys.readouterr()
+
+
+def test_resume_call_repeats_what_was_given() -> None:
+    """The call an interrupted ``dptune.search`` names (tests/test_search_faults.py runs it): the same space and
+    arguments, ``name`` and ``resume=True``; a budget is not reopened; a dict or SearchSpace is named, not dumped."""
+    from dptune.api import resume_call
+
+    given = {"space": Path("spaces/x.yaml"), "budget_epsilon": 30, "ledger": Path("l.sqlite"), "name": None,
+             "epochs": None, "num_cpus": 2, "seed": None, "resume": False, "cpus_per_trial": 1.0}
+    assert resume_call(given, "x-1") == "dptune.search('spaces/x.yaml', name='x-1', resume=True, ledger='l.sqlite', num_cpus=2)"
+    assert resume_call({**given, "space": {"space": {}}}, "x-1").endswith(", with space the same dict as this call's")

@@ -147,14 +147,17 @@ def test_canaries_are_sampled_clipped_and_observed(small: Splits) -> None:
 
 def test_audit_hooks_are_reachable_only_from_an_audit() -> None:
     """No search, release, final training or CLI can switch on the audit hooks (and with them the deliberate
-    bugs): only dptune/dpsgd (which defines them), dptune/audit, bench/audit*.py and this test name them."""
-    allowed = {"dptune/dpsgd", "dptune/audit", "bench/audit.py", "bench/audit_fdp.py", "tests/test_audit.py"}
+    bugs) or build the feature canaries' audit model: only dptune/dpsgd (which defines the hooks), dptune/audit,
+    bench/audit*.py and the audit tests name them."""
+    allowed = {"dptune/dpsgd", "dptune/audit", "bench/audit.py", "bench/audit_report.py", "bench/audit_fdp.py",
+               "bench/audit_engines.py", "tests/test_audit.py", "tests/test_audit_engines.py"}
     offenders = []
-    for path in [*ROOT.glob("dptune/**/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("tests/*.py")]:
+    for path in [*ROOT.glob("dptune/**/*.py"), *ROOT.glob("bench/**/*.py"), *ROOT.glob("tests/*.py")]:
         rel = str(path.relative_to(ROOT))
         if any(rel == a or rel.startswith(a + "/") for a in allowed):
             continue
-        if re.search(r"AuditHooks|_audit\s*=|apply_bug|noise_x0\.[15]|no_clip", path.read_text()):
+        if re.search(r"AuditHooks|_audit\s*=|apply_bug|noise_x0\.[15]|no_clip|feature_canary_model|AUDIT_MODEL|"
+                     r"FeatureCanaryModel", path.read_text()):
             offenders.append(rel)
     assert not offenders
     with pytest.raises(ValueError, match="unknown audit bug"):

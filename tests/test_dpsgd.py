@@ -257,3 +257,26 @@ def test_model_file_schema(small: Splits, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_model(tmp_path / "other.pt")
     assert e.value.field == "other.pt"
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "bookkeeping", "functorch", "batch"])
+def test_a_trial_warns_the_user_of_nothing_it_cannot_act_on(small: Splits, mode: str) -> None:
+    """Issue 26 part 5: in-process runs (a notebook's dptune.train, the checks before a search's charge) printed
+    PyTorch's "Full backward hook is firing …" for Opacus' hooks (ghost clipping's two backward passes; the
+    clipping guard's probes hid it, with every other warning). Now one narrow filter where the hooks run; the
+    guard's probe runs again here (cache cleared), and a user's own warning still passes."""
+    import warnings
+
+    from dptune.dpsgd import _guard
+
+    _guard._guarded.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_trial(BASE.replace(clipping=_clipping(mode), epochs=0.5), small)
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _engines.quiet_hooks():
+            warnings.warn("Full backward hook is firing when gradients are computed …", UserWarning, stacklevel=1)
+            warnings.warn("the user's own", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["the user's own"]

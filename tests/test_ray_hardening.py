@@ -28,16 +28,19 @@ def _search_args(tmp_path: Path, name: str, *extra: str) -> list[str]:
 def test_trial_work_dirs_with_their_secrets_are_not_left_in_tmp(tmp_path: Path,
                                                                isolated_env: dict[str, str]) -> None:
     """Item 13: a trial's work dir (seed, RNG states) lives under Ray's trial dir, inside the search's
-    owner-only Ray temp dir, and is removed in a finally, --save-checkpoint included; never in $TMPDIR."""
+    owner-only Ray temp dir, and is removed in a finally, --save-checkpoint included; never in $TMPDIR.
+    Issue 26 part 5: RAY_AIR_NEW_OUTPUT=1 in the curator's environment made Tune print its table with the
+    "Number of trials" (K) to the terminal; a search now runs Tune's old, silent output whatever it says."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**isolated_env, "TMPDIR": str(tmp)}
+    env = {**isolated_env, "TMPDIR": str(tmp), "RAY_AIR_NEW_OUTPUT": "1"}
     r = run_cli(_search_args(tmp_path, "work", "--seed", str(digits_seed_with_k(1, 2)), "--save-checkpoint",
                              "--checkpoint-every", "1"), env)
     assert r.returncode == 0, r.stdout + r.stderr
     # item 12: the mode is printed as verified after Ray started, not assumed
     assert "verified, the dashboard refused a request without the token (HTTP 401)" in r.stdout, r.stdout
     assert "Ray listens on loopback only" in r.stdout  # item 15: measured after start, printed
+    assert "Number of trials" not in r.stdout + r.stderr and "Search algorithm" not in r.stdout
     assert (tmp_path / "runs" / "work" / "release" / "best_checkpoint.pt").is_file()
     left = [p for p in tmp.rglob("*") if p.name.startswith("dptune-trial-") or p.name == "trial.pt"]
     assert left == [], left
@@ -152,3 +155,23 @@ def test_a_local_search_listens_on_loopback_only_and_no_exporter_serves_trial_se
         assert beyond == [] and listening_beyond_loopback(proc.pid) == [], beyond
     finally:
         proc.communicate("\n", timeout=120)
+
+
+def test_the_dashboard_url_said_before_ray_starts_follows_rays_port_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 part 5: the URL is printed before Ray starts, so it is predicted by Ray's own rule for a local
+    dashboard — the first port from its default on which the host binds — or taken from --dashboard-port."""
+    import socket
+
+    import ray._private.ray_constants as ray_constants
+
+    from dptune.tuning.options import RayOptions
+    from dptune.tuning.raysession import expected_dashboard_url
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(ray_constants, "DEFAULT_DASHBOARD_PORT", port)
+        url = expected_dashboard_url(RayOptions())
+        assert url.startswith("http://127.0.0.1:") and int(url.rsplit(":", 1)[1]) > port, url
+    assert expected_dashboard_url(RayOptions(dashboard_port=port)) == f"http://127.0.0.1:{port}"

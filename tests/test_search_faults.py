@@ -78,12 +78,33 @@ def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_cli(tmp_path: Pa
 
 def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_api(tmp_path: Path,
                                                                     isolated_env: dict[str, str]) -> None:
-    """Item 20: ``dptune.search(..., resume=True)`` with the default ``runs_dir``."""
+    """Item 20: ``dptune.search(..., resume=True)`` with the default ``runs_dir``. Issue 26 part 5: an interrupted
+    API search raised a bare "interrupted"; its exception now names the run, where the charge stands and the
+    exact call that continues it — which, run as printed, finishes the draw."""
     env = _env(isolated_env)
-    _interrupted(tmp_path, "relapi", env)
-    code = (f"import dptune; dptune.search({SPACE!r}, ledger='ledger.sqlite', name='relapi', epochs=6, num_cpus=2, "
-            "resume=True)")
-    r = _run(tmp_path, ["-c", code], env)
+    seed = digits_seed_with_k(2, 3)
+    code = (f"import dptune; dptune.search({SPACE!r}, ledger='ledger.sqlite', budget_epsilon=100, name='relapi', "
+            f"epochs=6, num_cpus=2, seed={seed})")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    tune_dir = tmp_path / "runs" / "relapi" / "sealed" / "ray" / "tune"
+    try:
+        wait_until(lambda: any(tune_dir.glob("trial_*/")), 180.0, 0.05)  # a trial started (no checkpoints here)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1 and [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("dptune.tuning.failures.SearchStopped: search 'relapi' was interrupted. "), err
+    charged = float(re.search(r"charged to the ledger before any trial: epsilon = ([0-9.]+)", out)[1])  # type: ignore[index]
+    assert (f"the charge of epsilon = {charged:.4f} in {(tmp_path / 'ledger.sqlite').resolve()} stays reserved" in last
+            and "Nothing was released" in last), last
+    call = last.split("Continue with: ", 1)[1]
+    assert call == (f"dptune.search({SPACE!r}, name='relapi', resume=True, ledger='ledger.sqlite', epochs=6, "
+                    f"num_cpus=2, seed={seed})"), call
+    r = _run(tmp_path, ["-c", f"import dptune; {call}"], env)
     assert r.returncode == 0, r.stdout + r.stderr
     _finished_the_draw(tmp_path, "relapi")
 

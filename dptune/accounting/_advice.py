@@ -57,10 +57,12 @@ def _sgd_curves(q: float, steps: int, sigmas: np.ndarray) -> np.ndarray:
 
 def expected_max(k: float) -> float:
     """E[max of k i.i.d. N(0, 1)] (real k ≥ 1 via the density k φ(x) Φ(x)^{k−1})."""
-    from scipy.stats import norm
+    from scipy.special import ndtr
 
     x = np.linspace(-9, 9, 3601)
-    dens = k * norm.pdf(x) * norm.cdf(x) ** (k - 1)
+    # scipy.stats.norm's pdf and cdf, as it computes them (import of scipy.stats: 0.5 s of a 2 s `dptune plan`)
+    pdf = np.exp(-x**2 / 2.0) / np.sqrt(2 * np.pi)
+    dens = k * pdf * ndtr(x) ** (k - 1)
     return float(np.sum(x * dens) * (x[1] - x[0]))
 
 

@@ -23,6 +23,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 from dptune.accounting._amplify import poisson_subsampled_rdp
 from dptune.accounting._convert import ORDERS, rdp_to_epsilon
 from dptune.accounting._events import NoisyMaxDpEvent, SubsampledMechanismDpEvent, WorstCaseDpEvent
+from dptune.accounting._psg import poisson_gaussian_rdp
 from dptune.accounting._stopping import random_stopping_rdp
 
 __all__ = ["rdp_epsilon", "rdp_of"]
@@ -30,6 +31,12 @@ __all__ = ["rdp_epsilon", "rdp_of"]
 
 @functools.lru_cache(maxsize=4096)
 def _leaf_rdp(event: de.DpEvent) -> np.ndarray:
+    if isinstance(event, de.PoissonSampledDpEvent) and type(event.event) is de.GaussianDpEvent:
+        # what RdpAccountant.compose adds for it, the same floats, ~10x faster (every σ probe of a bracket is one)
+        curve = np.zeros_like(ORDERS)
+        curve += 1 * poisson_gaussian_rdp(event.sampling_probability, event.event.noise_multiplier, ORDERS)
+        curve.flags.writeable = False
+        return curve
     # dp_accounting 0.6.0 (pinned) keeps the curve in the private `_rdp`; tests check it against the
     # public get_epsilon so a change of that internal is caught.
     acc = rdp_acc.RdpAccountant(orders=list(ORDERS))

@@ -7,10 +7,16 @@ the highest and lowest scores, and the number of correct guesses turned into an 
 confidence. A lower bound above a certificate's ε means the trainer does not do what its certificate claims.
 
 Modules: ``_bound`` (guesses → ε lower bound, pure math), ``_fdp`` (the sharper f-DP bound of Mahloujifar,
-Melis & Chaudhuri 2024 on the same guesses), ``_canaries`` (canaries and the audited training
-split), ``_observe`` (audited trials and searches, what each threat model sees, canary scores).
+Melis & Chaudhuri 2024 on the same guesses), ``_canaries`` (Dirac and input canaries and the audited training
+split), ``_features`` (feature canaries: white-box canaries that are ordinary training examples of an audit model,
+so every clipping engine, bookkeeping and ghost included, is audited on its own code path), ``_observe`` (audited
+trials and searches, what each threat model sees, canary scores).
 """
 
+from dptune._params import (  # the trainer's q and T, for benches (public imports only)
+    sampling_rate,
+    trial_steps,
+)
 from dptune.audit._bound import (
     Audit,
     Guesses,
@@ -22,22 +28,43 @@ from dptune.audit._bound import (
 )
 from dptune.audit._canaries import Canaries, audit_basis, audit_splits, draw_canaries
 from dptune.audit._fdp import FdpAudit, audit_fdp, fdp_epsilon_lower_bound, gdp_epsilon, gdp_mu_lower_bound
+from dptune.audit._features import (
+    AUDIT_MODEL,
+    FEATURE_VALUE,
+    FeatureCanaries,
+    FeatureCanaryModel,
+    column_directions,
+    draw_feature_canaries,
+    feature_audit_basis,
+    feature_audit_config,
+    feature_audit_splits,
+)
 from dptune.audit._observe import (
     CANARY_GRADIENT,
+    FeatureObservation,
     Observation,
     SearchObservation,
     black_box_scores,
+    column_sums,
+    feature_signals,
+    feature_white_box_scores,
     ideal_white_box_scores,
     noised_sums,
+    observed_feature_trial,
     observed_search,
     observed_trial,
     white_box_scores,
 )
 
 __all__ = [
+    "AUDIT_MODEL",
     "CANARY_GRADIENT",
+    "FEATURE_VALUE",
     "Audit",
     "FdpAudit",
+    "FeatureCanaries",
+    "FeatureCanaryModel",
+    "FeatureObservation",
     "Canaries",
     "Guesses",
     "Observation",
@@ -47,17 +74,28 @@ __all__ = [
     "audit_fdp",
     "audit_splits",
     "black_box_scores",
+    "column_directions",
+    "column_sums",
     "draw_canaries",
+    "draw_feature_canaries",
     "epsilon_lower_bound",
     "fdp_epsilon_lower_bound",
+    "feature_audit_basis",
+    "feature_audit_config",
+    "feature_audit_splits",
+    "feature_signals",
+    "feature_white_box_scores",
     "gdp_epsilon",
     "gdp_mu_lower_bound",
     "guess_grid",
     "guesses",
     "ideal_white_box_scores",
     "noised_sums",
+    "observed_feature_trial",
     "observed_search",
     "observed_trial",
     "p_value",
+    "sampling_rate",
+    "trial_steps",
     "white_box_scores",
 ]

@@ -1,12 +1,14 @@
 """From correct guesses to a privacy lower bound through tradeoff functions: Mahloujifar, Melis & Chaudhuri,
-"Auditing f-Differential Privacy in One Run" (arXiv 2410.22235, 2024).
+"Auditing f-Differential Privacy in One Run" (ICML 2025, PMLR 267; arXiv 2410.22235); numbers below are the
+ICML version's.
 
 The one-run game is Steinke et al.'s (``_bound``): m canaries, each included with probability 1/2, one run, the
 auditor guesses on ``guesses`` canaries (c' = r) and ``correct`` of them (c) are right. Where ``_bound`` turns an
 (ε, δ)-DP claim into the tail of a binomial, this paper bounds the probability of c correct guesses under any
 f-DP claim, f a tradeoff function, through its "blow-up" ``B(x) = 1 − f(x)`` (the most an event of probability x
-under one neighbour can weigh under the other) and the recursion of their Algorithm (their Theorem 9 with a cap
-on the number of guesses; k = 2 for membership):
+under one neighbour can weigh under the other) and the recursion of their Algorithm 3 (valid by their
+Theorem 3.2; k = 2 for membership, k options per canary in their reconstruction game), as their appendix code
+``audit_rh_with_cap`` runs it, with the max that the printed algorithm omits (it only sharpens the bound):
 
     h_c = β,  r_c = α,  with α = γ (r/m) (c/r), β = γ (r/m) (r − c)/r,
     h_i = max(h_{i+1}, (k − 1) · B⁻¹(r_{i+1})),  r_i = r_{i+1} + i/(r − i) · (h_i − h_{i+1}),  i = c−1 … 0,
@@ -16,10 +18,14 @@ claim instead of its (ε, δ) corner, so for mechanisms whose curve is Gaussian-
 
 Two families of claims are tested here:
 - ``epsilon_delta``: f_{ε,δ}(α) = max(0, 1 − δ − e^ε α, e^{−ε}(1 − δ − α)) — a rigorous ε lower bound (any
-  (ε', δ)-DP mechanism with ε' below it is rejected), directly comparable with ``_bound``;
+  (ε', δ)-DP mechanism with ε' below it is rejected), directly comparable with ``_bound``. The paper writes
+  (ε, δ)-DP as the first piece only (its Proposition 2.3); the second only raises B⁻¹ near 1, so the bound is
+  never below the paper's, and on the observations of the tests it is the same;
 - ``gaussian``: μ-GDP, f(α) = Φ(Φ⁻¹(1 − α) − μ) — a lower bound on μ (no μ'-GDP mechanism with μ' below it),
   reported also as the ε of μ-GDP at δ. That ε is a lower bound only for mechanisms whose tradeoff curve is
   Gaussian; DP-SGD's is close to it, which is why the paper reports it.
+
+``tests/test_audit_fdp_paper.py`` checks this module against the paper's own numbers and code.
 
 Pure functions, no torch: numpy and scipy only.
 """

@@ -1,5 +1,4 @@
-"""``python -m dptune.plan``: what a trial and a whole search cost, before anything touches data.
-
+"""``dptune plan`` (``python -m dptune.plan``): what a trial and a whole search cost, before anything touches data.
 From explicit numbers::
 
     python -m dptune.plan --noise-multiplier 1.5 --sampling-rate 0.04 --steps 2250 --delta 1e-5 \\
@@ -47,6 +46,7 @@ from dptune.config import (
     SearchSpace,
     TrialConfig,
     check_privacy,
+    check_space,
     load_space,
     nominal_train_size,
 )
@@ -66,8 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stopping", help=" | ".join(STOPPING_RULES))
     p.add_argument("--mean", type=float, help="mean number of trials (poisson, tnb)")
     p.add_argument("--eta", type=float, help="TNB shape: 0 logarithmic, 1 geometric (default 1); = --setting eta=…")
-    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
-                   help="a setting of the stopping rule besides its mean (repeatable), e.g. eta=0 for tnb")
+    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE", help="a stopping-rule setting")
     p.add_argument("--trials", type=int, help="number of trials (composed)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--score-noise", type=float, help="std of the Gaussian noise on the validation correct-count")
@@ -98,7 +97,7 @@ def _rule(args: argparse.Namespace, privacy: PrivacySpec) -> StoppingRule:
     if trials is not None and trials < 1:
         raise ConfigError("--trials", f"{trials} is < 1", "run at least one trial")
     mean = trials if trials is not None else args.mean if args.mean is not None else privacy.mean
-    settings: dict[str, float] = dict(privacy.stopping_settings) if name == privacy.stopping else {}
+    settings = dict(privacy.stopping_settings) if name == privacy.stopping else {}
     flags = {"privacy.stopping": "--stopping" if args.stopping else None,
              "privacy.mean": "--trials" if trials is not None else "--mean" if args.mean is not None else None}
     for item in [*args.setting, *([f"eta={args.eta}"] if args.eta is not None else [])]:
@@ -158,11 +157,12 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
     if args.tune_fraction is not None:
         space = dataclasses.replace(space, tune_fraction=args.tune_fraction)
     try:
+        check_space(space)  # the overrides too (--tune-fraction on a space that plans its final run: refused)
         plan = plan_search(space, n, _rule(args, space.privacy))
     except ConfigError as e:
         if e.field != "search.tune_fraction" or args.tune_fraction is None:
             raise
-        raise ConfigError("--tune-fraction", e.problem, e.fix) from e
+        raise ConfigError("--tune-fraction", e.problem, e.fix.replace("remove search.tune_fraction", "drop --tune-fraction")) from e
     return plan, space
 
 

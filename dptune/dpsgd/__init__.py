@@ -19,6 +19,7 @@ from dptune.dpsgd._audit import BUGS, AuditHooks
 from dptune.dpsgd._batchclip import BatchClipEngine
 from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, make_engine, resolve_clipping
+from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import load_model, save_model
@@ -38,6 +39,7 @@ __all__ = [
     "TrialResult",
     "TrialStreams",
     "engine_mode",
+    "guarded_clipping",
     "init_model",
     "layer_constants",
     "load_model",

@@ -10,6 +10,8 @@ this runs in a search or a final training. What it can do:
   parameters, G larger than the clipping bound C) instead of a gradient of the loss. They are ordinary rows:
   Poisson-sampled like every other row, their gradient added *before* the optimizer clips and noises, so the
   audit measures dptune's own sampling, clipping and noise;
+  (Feature canaries, ``dptune.audit._features``, need no hook: they are training rows of an audit model whose
+  per-example gradient direction is known, so they audit every clipping mode, bookkeeping and ghost included.)
 * **observe** the model after every noised step (white-box: every intermediate model is seen);
 * **a deliberate bug** (``BUGS``) that makes the trainer add less noise or skip clipping, so that an audit can
   show it catches a trainer whose certificate overstates its privacy.
@@ -69,7 +71,8 @@ class AuditHooks:
     def add_canary_gradients(self, engine: Engine, coords: torch.Tensor) -> None:
         """Append one per-example gradient G·e_j per canary to what the optimizer will clip and sum."""
         if not isinstance(engine.optimizer, ClippingDPOptimizer):
-            raise ValueError("gradient canaries need per-sample gradients: clipping mode hooks or functorch")
+            raise ValueError("gradient canaries need per-sample gradients: clipping mode hooks or functorch (feature "
+                             "canaries, dptune.audit.observed_feature_trial, audit every mode)")
         start = 0
         rows = torch.arange(len(coords))
         for p in engine.params:

@@ -7,9 +7,10 @@ noise, std noise_multiplier · max_grad_norm per coordinate of the summed gradie
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar, cast
 
 import torch
@@ -32,7 +33,18 @@ from dptune.dpsgd._optim import (
     zero_rows,
 )
 
-__all__ = ["AUTO_CLIPPING", "ENGINES", "Engine", "engine", "engine_mode", "make_engine", "resolve_clipping"]
+__all__ = ["AUTO_CLIPPING", "ENGINES", "Engine", "engine", "engine_mode", "make_engine", "quiet_hooks",
+           "resolve_clipping"]
+
+
+@contextlib.contextmanager
+def quiet_hooks() -> Iterator[None]:
+    """Opacus' per-sample hooks (hooks, ghost) are full backward hooks; PyTorch warns that they fire with respect
+    to a module's outputs when its inputs (the data) need no gradient — exactly what the weights' per-sample
+    gradients need, so the warning tells the user nothing. That one warning only; every other one passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        yield
 
 
 # "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14, opacus 1.6, bench/step_overhead.py
@@ -125,11 +137,7 @@ class HooksEngine(Engine):
         k = max(views, 1)
         losses = F.cross_entropy(self.gsm(x), y.repeat_interleave(k), reduction="none")
         losses = losses * _real_mask(len(y), n_real, y.device).repeat_interleave(k)
-        with warnings.catch_warnings():
-            # Opacus' per-sample hooks are full backward hooks; PyTorch warns that they fire with respect to a
-            # module's outputs when its inputs (the data) need no gradient: exactly what the weights' per-sample
-            # gradients need, so the warning tells the user nothing
-            warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        with quiet_hooks():
             (losses.sum() / k).backward()
         for p in self.params:
             rows = p.grad_sample.shape[0]  # type: ignore[attr-defined]
@@ -187,7 +195,8 @@ class GhostEngine(Engine):
 
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
         loss = self.loss(self.gsm(x), y) * _real_mask(len(y), n_real, y.device)  # padding rows: zero loss and norm
-        loss.backward()
+        with quiet_hooks():  # both of Opacus' backward passes (norms, then the clipped loss) run the hooks
+            loss.backward()
         return loss.detach() * len(y)
 
     def empty(self) -> None:

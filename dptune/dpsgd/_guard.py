@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import json
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,7 +46,7 @@ from dptune import clipping
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._checked import checked_model
-from dptune.dpsgd._engines import Engine, engine_mode, make_engine, resolve_clipping
+from dptune.dpsgd._engines import Engine, engine_mode, make_engine, quiet_hooks, resolve_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.models import build_model
 
@@ -163,9 +162,7 @@ class _Probe:
     def __init__(self, build: Build, config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> None:
         self.build = build
         self.x, self.y, self.views = _inputs(config, num_classes, input_shape)
-        with warnings.catch_warnings():  # Opacus' hooks warn that the synthetic inputs need no gradient
-            warnings.simplefilter("ignore")
-            ref = _reference(build, self.x, self.y, self.views)
+        ref = _reference(build, self.x, self.y, self.views)
         norms = [_norm(r) for r in ref]
         positive = [n for n in norms if n > 0]
         self.c = 0.5 * min(positive) if positive else 1.0  # every example clipped
@@ -180,8 +177,7 @@ class _Probe:
 
     def run(self, mode: str) -> ProbeResult:
         if mode not in self._results:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with quiet_hooks():  # the engines' hooks on synthetic inputs that need no gradient (and only that)
                 self._results[mode] = self._measure(mode)
         return self._results[mode]
 
@@ -271,8 +267,7 @@ def guarded_clipping(config: TrialConfig, num_classes: int, input_shape: tuple[i
 def _guarded(key: str, mode: str, num_classes: int, input_shape: tuple[int, ...]) -> tuple[str, str | None]:
     config = TrialConfig.from_dict(json.loads(key))
     if not clipping.mode(mode).per_example:  # its own invariant (batch clipping: the clipped mean, <= 2C)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_hooks():
             result = _batch_probe(_builder(config, num_classes, input_shape), config, num_classes, input_shape)
         if not result.exact:
             raise ConfigError("clipping", f"batch clipping is not exact for this model: {result.failure}",

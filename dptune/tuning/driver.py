@@ -81,8 +81,8 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             **({"sealed_params": "final-run"} if space.transfers else {})}
 
 
-def _privacy_spec(p: PrivacySpec) -> dict[str, Any]:
-    return {**dataclasses.asdict(p), "stopping_settings": dict(p.stopping_settings)}  # JSON-stable: a mapping
+def _privacy_spec(p: PrivacySpec) -> dict[str, Any]:  # JSON-stable: the rule's settings as a mapping
+    return {**dataclasses.asdict(p), "stopping_settings": dict(p.stopping_settings)}
 
 
 def sealed_run_spec(stored: dict[str, Any]) -> dict[str, Any]:
@@ -94,13 +94,11 @@ def sealed_run_spec(stored: dict[str, Any]) -> dict[str, Any]:
     for key, cls in classes:
         if isinstance(out.get(key), dict):
             out[key] = {**later_defaults(cls), **out[key]}
-    privacy = out.get("privacy")
-    if isinstance(privacy, dict) and "eta" in privacy and "stopping_settings" not in stored.get("privacy", {}):
-        privacy = dict(privacy)
-        eta = privacy.pop("eta")
-        own = stopping.rule_info(privacy.get("stopping")).settings if privacy.get("stopping") in stopping.choices() else ()
-        privacy["stopping_settings"] = {"eta": eta} if "eta" in own else {}
-        out["privacy"] = privacy
+    privacy = dict(out.get("privacy") or {})
+    if "eta" in privacy and "stopping_settings" not in stored.get("privacy", {}):
+        eta, rule = privacy.pop("eta"), privacy.get("stopping")
+        own = stopping.rule_info(rule).settings if rule in stopping.choices() else ()
+        out["privacy"] = {**privacy, "stopping_settings": {"eta": eta} if "eta" in own else {}}
     return out
 
 
@@ -235,7 +233,7 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
     if draw.k == 0:
         return [], None
     from dptune.tuning import runner
-    from dptune.tuning.raysession import RaySession
+    from dptune.tuning.raysession import RaySession, expected_dashboard_url
 
     data = p.data
     f = req.space.tune_fraction
@@ -251,14 +249,19 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         "dptune_delta": f"{p.plan.delta:g}", "dptune_stopping": p.plan.stopping.label()})
     opts = dataclasses.replace(opts, py_modules=user_modules(req.space.fixed.model))
     session = RaySession(opts)
+    # before Ray starts (its start takes seconds): where the dashboard will be and how to open it
+    where = (f"{expected_dashboard_url(opts)} once Ray has started" if not opts.address else
+             "on your cluster's head (`ray dashboard cluster.yaml` forwards it to http://127.0.0.1:8265)")
+    say(f"  Ray dashboard: {where}. It asks for the token: paste what `ray get-auth-token` prints (the file "
+        "~/.ray/auth_token, kept 0600); scripts send the header 'Authorization: Bearer <token>'")
     with session as dashboard, runner.sealed_ray_logs(run.sealed / "logs" / "ray.log"):
-        say(f"  Ray dashboard: {dashboard or 'see your cluster head'} ({session.auth}; the dashboard and its job "
-            "API answer only requests carrying the token in ~/.ray/auth_token, kept 0600)")
+        listens = ""
         if session.exposed:  # measured after start from the socket table (a joined cluster: not measured)
-            say(f"  Ray listens beyond loopback (token-checked; README: what others can see): "
-                f"{', '.join(session.exposed)}")
+            listens = (f"; Ray listens beyond loopback (token-checked; docs/operations.md: what others can see): "
+                       f"{', '.join(session.exposed)}")
         elif not opts.address:
-            say("  Ray listens on loopback only (its processes' listening sockets, checked after start)")
+            listens = "; Ray listens on loopback only (its processes' listening sockets, checked after start)"
+        say(f"  Ray started, dashboard at {dashboard or 'your cluster head'}: {session.auth}{listens}")
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
@@ -303,7 +306,11 @@ def absolute_paths(req: SearchRequest) -> SearchRequest:
                                ray=dataclasses.replace(req.ray, storage_path=storage))
 
 
-def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> SearchOutcome:
+def _say(line: str) -> None:
+    print(line, flush=True)  # as it happens, also when stdout is a pipe (tee, CI, a notebook's stream)
+
+
+def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchOutcome:
     """Run (or resume) one search; raises ConfigError before anything is charged for bad input, and
     :class:`SearchStopped` (trials sealed, charge kept, nothing released) when a search with a reserved
     charge is interrupted or fails, whatever failed."""
@@ -312,12 +319,15 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
     req = absolute_paths(req)  # Ray reads a relative path as a URI without a scheme (Tuner.restore fails)
     check_auth_mode()  # RAY_AUTH_MODE=disabled in the environment is refused before anything is charged
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
+    run = RunDir(req.run_dir)
+    # the first line within a second of the call, before the slow part (torch, the data, the models' probes)
+    say(f"dptune search {run.root.name!r}{' (resuming)' if req.resume else ''}: space {req.space.name}, "
+        f"{req.space.searcher} search; loading the data and checking the models (nothing is charged yet)")
     p = _prepare(req)
     req = dataclasses.replace(req, space=p.space or req.space)
     ledger = Ledger(req.ledger)
     if req.space.alc is not None:
         check_public(req.space, ledger)
-    run = RunDir(req.run_dir)
     if req.seed is not None or os.environ.get("DPTUNE_TEST_DRAW_SEED") is not None:
         say("WARNING: fixed randomness (--seed or the test hook): K, the configs and all DP noise are "
             "reproducible: NOT PRIVATE (tests/reproducibility only).")
@@ -325,13 +335,11 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = print) -> Search
         verdict(req.space, p.n_train, int(len(p.data.val[1])), (p.plan, p.transfer), tune_anyway=req.tune_anyway,
                 say=say)
     charge, draw = (_resume if req.resume else _reserve)(req, run, ledger, p, say)
-    say(f"dptune search {run.root.name!r}: space {req.space.name} ({req.space.searcher} search, "
-        f"{p.plan.stopping.label()})")
     for note in p.notes:
         say(f"  {note}")
     say(f"  ledger: {ledger.path}")
     say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
-        f"(one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
+        f"({p.plan.stopping.label()}; one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
     watcher = None if req.resume_command is None else watch_for_sudden_death(run, req.ledger, charge.epsilon,
                                                                              req.resume_command)
     try:

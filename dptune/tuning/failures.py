@@ -25,18 +25,32 @@ class SearchStopped(Exception):
     charge stays reserved (it counts against the budget) until ``--resume`` finishes the same draw.
 
     ``cause`` says what happened without private values; ``charge`` where the charge stands (read back from
-    the ledger when it can be); ``rows`` the trials that finished (sealed)."""
+    the ledger when it can be); ``rows`` the trials that finished (sealed); ``resume`` the exact call or command
+    that continues it, when the caller knows it (:meth:`resumed_by`)."""
 
     def __init__(self, *, interrupted: bool, cause: str, charge: str, run: Path, ledger: Path,
-                 rows: list[TrialRow]) -> None:
-        super().__init__(f"{cause}; nothing was released; {charge}; continue with the same call (or command) and "
-                         f"resume=True (--resume), name={run.name!r}")
+                 rows: list[TrialRow], resume: str | None = None) -> None:
         self.interrupted = interrupted
         self.cause = cause
         self.charge = charge
         self.run = run
         self.ledger = ledger
         self.rows = rows
+        self.resume = resume
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        what = "was interrupted" if self.interrupted else f"stopped: {self.cause}"
+        how = self.resume or (f"the same call (or command) with name={self.run.name!r} and resume=True (--resume)")
+        return (f"search {self.run.name!r} {what}. Nothing was released; {self.charge}; the finished trials are "
+                f"sealed in {self.run / 'sealed'}. Continue with: {how}")
+
+    def resumed_by(self, call: str) -> SearchStopped:
+        """This stop, its message naming ``call`` (the exact call or command that continues the search)."""
+        out = SearchStopped(interrupted=self.interrupted, cause=self.cause, charge=self.charge, run=self.run,
+                            ledger=self.ledger, rows=self.rows, resume=call)
+        out.__traceback__ = self.__traceback__
+        return out
 
 
 def is_interrupt(e: BaseException) -> bool:

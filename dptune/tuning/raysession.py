@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import ray._private.ray_constants as ray_constants
 
 from dptune.errors import ConfigError
 from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
 
-__all__ = ["RaySession", "is_loopback", "listening_beyond_loopback", "private_ray_parent", "remove_stale_ray_dirs"]
+__all__ = ["RaySession", "expected_dashboard_url", "is_loopback", "listening_beyond_loopback", "private_ray_parent", "remove_stale_ray_dirs"]
 
 _PARENT_PREFIX = "dptune-ray-"
 _OWNER = "owner"  # "<pid> <process start time>" of the driver that made the parent
@@ -142,8 +143,6 @@ def _loopback_node(on: bool = True) -> None:
     but a node whose address is loopback (Ray's single-machine mode, as on macOS) binds its dashboard's and
     autoscaler's Prometheus exporters and its agents' gRPC to loopback. Child processes read the variable,
     this process Ray's constant (read when Ray was imported)."""
-    import ray._private.ray_constants as ray_constants
-
     if on:
         _SAVED.setdefault("env", os.environ.get(_CLUSTER_ENV))
         _SAVED.setdefault("constant", ray_constants.ENABLE_RAY_CLUSTER)
@@ -187,6 +186,30 @@ def listening_beyond_loopback(pid: int | None = None) -> list[str]:
         host = "*" if c.laddr.ip in ("0.0.0.0", "::") else c.laddr.ip
         out.add(f"{name} {host}:{c.laddr.port}")
     return sorted(out)
+
+
+def expected_dashboard_url(opts: RayOptions) -> str:
+    """Where a local search's dashboard will listen, said before Ray starts: ``--dashboard-port``, else Ray's own
+    rule — the first port from 8265 on which the dashboard host binds (Ray tries 50). Ray's own URL follows once
+    it answers (it differs only if another process took the port meanwhile)."""
+    import socket
+
+    host = opts.dashboard_host
+    port = opts.dashboard_port
+    if port is None:
+        first = ray_constants.DEFAULT_DASHBOARD_PORT
+        port = first
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        for candidate in range(first, first + 51):
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the dashboard's server binds
+                try:
+                    s.bind((host, candidate))
+                except OSError:
+                    continue
+            port = candidate
+            break
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 class RaySession:

@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 from ray import tune
-from ray.tune import Callback
+from ray.tune import Callback, ProgressReporter
 
 from dptune.config import SearchSpace
 from dptune.errors import ConfigError
@@ -43,15 +43,43 @@ __all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_t
 # carry no score: Tune must not insist on the searcher's metric in them.
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # a search forces it while Tune runs (_legacy_output)
 os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+
+
+class _NoProgress(ProgressReporter):
+    """Tune's progress reporter in a dptune search: it reports nothing (per-trial lines go to sealed/logs). Without
+    one, Tune picks its own even at verbose=0 — in a Jupyter kernel a JupyterNotebookReporter, whose construction
+    clears the cell's output (IPython's clear_output), erasing dptune's header and the dashboard line."""
+
+    def should_report(self, trials: list, done: bool = False) -> bool:
+        return False
+
+    def report(self, trials: list, done: bool, *sys_info: str) -> None:
+        pass
+
+
+@contextmanager
+def _legacy_output() -> Iterator[None]:
+    """Tune's old output engine while it runs, whatever the environment says: with RAY_AIR_NEW_OUTPUT=1 (its
+    default outside notebooks) Tune ignores the reporter above and prints a table with the number of trials —
+    K — even at verbose=0. Restored after, for the rest of the user's process."""
+    saved = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = saved
 
 
 class SearchInterrupted(Exception):
     """The run was interrupted: ``rows`` finished (sealed), the rest runs on ``--resume``."""
 
     def __init__(self, rows: list[TrialRow]) -> None:
-        super().__init__("interrupted")
+        super().__init__("interrupted (Ctrl-C or SIGTERM) before every trial finished")
         self.rows = rows
 
 
@@ -133,6 +161,7 @@ def sealed_ray_logs(path: Path) -> Iterator[None]:
             lg.handlers = handlers
             lg.propagate = propagate
         handler.close()
+        stream.close()  # a StreamHandler leaves its stream open: one file per search in a notebook's process
 
 
 class _SealedLog(Callback):
@@ -220,7 +249,7 @@ def make_tuner(trainable: Any, trials: int, storage: Path | str, callbacks: list
                                       trial_name_creator=_trial_name, trial_dirname_creator=_trial_name)
     run_config = tune.RunConfig(
         name=name, storage_path=storage if isinstance(storage, str) else str(storage.resolve()), verbose=0,
-        callbacks=callbacks,
+        callbacks=callbacks, progress_reporter=_NoProgress(),
         failure_config=tune.FailureConfig(max_failures=max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
@@ -288,7 +317,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
         resources)
     log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)
     try:
-        with progress(show_trials), _sigterm_as_sigint():
+        with progress(show_trials), _sigterm_as_sigint(), _legacy_output():
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
         where = _log_traceback(run)

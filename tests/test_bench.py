@@ -1,0 +1,145 @@
+"""bench/: one tuning-value harness on dptune's public API. Every bench file is checked by parsing it (no private
+dptune import, no bench ⇄ bench import cycle, no sys.path preamble, ≤ 400 lines); the harness's ``--quick`` smoke
+check runs for real (digits, 1 epoch, one row) and its report and records are read back."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_architecture import import_cycle
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+FILES = sorted(BENCH.rglob("*.py"))
+
+
+def _module(path: Path, root: Path = BENCH) -> str:
+    """A bench file's import name when ``python bench/x.py`` runs (bench/ on sys.path)."""
+    return ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _imports(path: Path, source: str | None = None, root: Path = BENCH) -> set[str]:
+    """Every module ``path`` imports anywhere (module level, TYPE_CHECKING, functions), relative ones resolved;
+    ``from a import b`` names both ``a`` and ``a.b``."""
+    tree = ast.parse(source if source is not None else path.read_text())
+    me = _module(path, root) if path.is_relative_to(root) else path.stem
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*parts, *([base] if base else [])])
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def private_dptune_imports(path: Path, source: str | None = None) -> list[str]:
+    """dptune module paths with a ``_``-prefixed component that ``path`` imports (``dptune._params``,
+    ``dptune.dpsgd._guard``, ``from dptune.accounting import _rules``)."""
+    return sorted(name for name in _imports(path, source) if name.split(".")[0] == "dptune" and any(
+        part.startswith("_") and not part.startswith("__") for part in name.split(".")[1:]))
+
+
+def bench_graph(files: list[Path], root: Path = BENCH) -> dict[str, set[str]]:
+    """bench module -> the bench modules it imports (``from harness import x`` is an arrow to ``harness.x``)."""
+    names = {_module(p, root): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        deps = set()
+        for i in _imports(path, root=root):
+            parts = i.split(".")
+            for k in range(len(parts), 0, -1):
+                if ".".join(parts[:k]) in names:
+                    deps.add(".".join(parts[:k]))
+                    break
+        graph[name] = deps - {name}
+    return graph
+
+
+def _sys_path_edits(source: str) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name)
+               and n.value.id == "sys" for n in ast.walk(ast.parse(source)))
+
+
+# --- the rules, on every bench file ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(BENCH)))
+def test_bench_file_uses_the_public_api_and_stays_small(path: Path) -> None:
+    source = path.read_text()
+    assert not private_dptune_imports(path), f"{path.name} imports private dptune modules"
+    assert not re.search(r"dptune(\.\w+)*\._[a-z]", source), f"{path.name} names a private dptune module"
+    assert not _sys_path_edits(source), f"{path.name} edits sys.path (run it from the repository root instead)"
+    assert len(source.splitlines()) <= 400, f"{path.name}: {len(source.splitlines())} lines"
+
+
+def test_no_bench_import_cycle() -> None:
+    graph = bench_graph(FILES)
+    assert {"tuning_value", "harness.context", "harness.searches"} <= set(graph)
+    assert graph["tuning_value"] >= {"harness.context", "harness.report", "harness.runner"}
+    assert import_cycle(graph) is None, f"bench import cycle: {' -> '.join(import_cycle(graph) or [])}"
+    scripts = {_module(p) for p in FILES if "__main__" in p.read_text()}  # runnable benches
+    assert not any(graph[m] & scripts for m in graph), "a bench file imports a script (share through a module)"
+
+
+def test_the_checks_catch_violations(tmp_path: Path) -> None:
+    """The rule engine itself, on violating sources: the checks above can fail."""
+    f = tmp_path / "x.py"
+    for source in ("from dptune._params import trial_steps\n", "import dptune.dpsgd._guard\n",
+                   "def f():\n    from dptune.accounting import _rules\n"):
+        assert private_dptune_imports(f, source), source
+    assert not private_dptune_imports(f, "from dptune.accounting import trial_steps\nimport dptune.__init__\n")
+    assert _sys_path_edits("import sys\nsys.path.insert(0, 'x')\n")
+    assert import_cycle({"a": {"b"}, "b": {"harness.c"}, "harness.c": {"a"}}) == ["a", "b", "harness.c", "a"]
+    assert import_cycle({"a": {"b"}, "b": set()}) is None
+    pkg = tmp_path / "harness"
+    pkg.mkdir()
+    (pkg / "one.py").write_text("from . import two\n")
+    (pkg / "two.py").write_text("from harness.one import x\n")
+    graph = bench_graph([pkg / "one.py", pkg / "two.py"], root=tmp_path)  # a relative import counts too
+    assert graph == {"harness.one": {"harness.two"}, "harness.two": {"harness.one"}}
+    assert import_cycle(graph) is not None
+
+
+# --- the harness, run for real ----------------------------------------------------------------------
+
+
+def test_quick_smoke_run_writes_a_real_report(tmp_path: Path) -> None:
+    """``python bench/tuning_value.py --quick``: digits, one row (split seed 0, total ε 4, 1 epoch), the baseline
+    and issue 7's modes a2, b, c, d, two workers. The report and the records hold real runs: accuracies from the
+    trainer, every composed total within ε, the searches' K and charges."""
+    out = tmp_path / "quick.md"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "bench/tuning_value.py", "--quick", "--out", str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = out.read_text()
+    assert "Status: complete" in text and "digits, train 1,257 / validation 180 / test 360" in text
+    records = {r["task"]: r for r in json.loads(out.with_suffix(".json").read_text())}
+    assert set(records) == {"grid0", "a2", "b", "c", "d"}
+    for task, r in records.items():
+        assert (r["epsilon"], r["seed"]) == (4.0, 0)
+        assert 0.05 < r["test"] <= 1.0, (task, r["test"])  # a trained model, above chance on 10 classes
+        assert 0 < r["eps_total"] <= 4.0 * (1 + 1e-9), (task, r["eps_total"])
+        assert f"{100 * r['test']:.1f}" in text
+    for task in ("b", "c", "d"):
+        assert records[task]["k"] == len(records[task]["trials"]) and 0 < records[task]["eps_search"] < 4.0
+    assert records["c"]["eps_final"] == 0.0 and records["b"]["sigma_final"] > 0
+    assert records["d"]["subsample_n"] < 1257  # the subsample search ran on a Poisson subsample
+    table = [line for line in text.splitlines() if line.startswith("| 4 | (")]
+    assert len(table) == 5  # (a), (a2), (b), (c), (d)
