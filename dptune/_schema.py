@@ -293,11 +293,6 @@ class PrivacySpec:
     selection: str = "best_score"
 
     @property
-    def eta(self) -> float:
-        """TNB's shape η (1, geometric, where the rule has none): older code's name for one rule's setting."""
-        return float(dict(self.stopping_settings).get("eta", 1.0))
-
-    @property
     def trial_score_noise(self) -> float | None:
         """The noise of each trial's own score release: None when none is released per trial."""
         return None if self.selection == "noisy_max" else self.score_noise
