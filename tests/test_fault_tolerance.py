@@ -90,6 +90,7 @@ def test_killed_trial_process_resumes_the_same_trial(tmp_path: Path, reference: 
     assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["committed"]
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); ~35 s of Ray restarts
 def test_sigkilled_driver_resumes_the_same_draw(tmp_path: Path, reference: Path,
                                                 isolated_env: dict[str, str]) -> None:
     proc = _popen(_args(tmp_path, "killdriver"), isolated_env)
@@ -118,6 +119,7 @@ def test_sigkilled_driver_resumes_the_same_draw(tmp_path: Path, reference: Path,
     assert again.returncode == 2 and "already finished" in again.stderr
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); ~35 s of Ray restarts
 def test_interrupted_search_never_releases_and_resumes_the_rest(tmp_path: Path, reference: Path,
                                                               isolated_env: dict[str, str]) -> None:
     """Issue items 15 and 2: Ctrl-C mid-search releases nothing (a release from the trials that happened to

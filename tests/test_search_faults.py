@@ -76,6 +76,7 @@ def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_cli(tmp_path: Pa
     _finished_the_draw(tmp_path, "rel")
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); ~35 s of Ray restarts
 def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_api(tmp_path: Path,
                                                                     isolated_env: dict[str, str]) -> None:
     """Item 20: ``dptune.search(..., resume=True)`` with the default ``runs_dir``. Issue 26 part 5: an interrupted
@@ -144,6 +145,7 @@ def net(num_classes, input_shape, groups, width=8):
 '''
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); ~35 s of Ray restarts
 def test_a_factory_failing_on_the_workers_stops_with_the_charge_reserved_and_resumes(
         tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """Item 17: every trial crashed on the workers, and the search said "no trial was drawn", exited 0 and
@@ -183,6 +185,7 @@ def test_a_factory_failing_on_the_workers_stops_with_the_charge_reserved_and_res
     assert all(t["steps"] > 0 and not t["crashed"] for t in trials), trials
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); ~35 s of Ray restarts
 def test_resume_rebuilds_from_the_sealed_draw_when_tune_state_is_unreadable(tmp_path: Path,
                                                                           isolated_env: dict[str, str]) -> None:
     """Item 18: a full disk left Tune's experiment state half-written and every --resume died in Tuner.restore
@@ -202,6 +205,7 @@ def test_resume_rebuilds_from_the_sealed_draw_when_tune_state_is_unreadable(tmp_
     _finished_the_draw(tmp_path, "torn")
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); ~35 s of Ray restarts
 def test_a_killed_head_raylet_says_where_the_charge_stands_and_resumes(tmp_path: Path,
                                                                        isolated_env: dict[str, str]) -> None:
     """Item 19: a killed head raylet ended the search with exit 1 and no word from dptune (Ray's driver exits
@@ -306,6 +310,7 @@ def test_ledger_show_reads_a_ledger_in_a_read_only_folder(tmp_path: Path, isolat
     assert "reserved" in r.stdout and "digits-run" in r.stdout, r.stdout
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); ~35 s of Ray restarts
 def test_a_ledger_folder_turned_read_only_mid_search_keeps_the_charge_and_resumes(
         tmp_path: Path, isolated_env: dict[str, str], immutable: Callable[[Path], None]) -> None:
     """Item 19: a ledger folder that became read-only before the commit gave a raw traceback. Now: exit 1,
