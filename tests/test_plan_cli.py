@@ -236,3 +236,27 @@ def test_plan_with_advice_takes_the_fast_paths(args: list[str]) -> None:
     r = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0"], r.stdout  # no scalar series evaluation, no torch, Ray or Opacus
+
+
+def test_a_what_if_stopping_rule_sizes_the_trials_and_the_verdict_of_a_space_that_plans_its_final_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``dptune plan --mean 5`` on a space that plans its final run: σ_c is sized so that the search under *that*
+    rule costs the share, and the transfer section (its ε, E[K], final σ, verdict) is the plan printed above it.
+    (It was sized under the space's own rule: the summary said ε 0.6912 for mean 5, the transfer section 0.5999
+    with E[K] 3.)"""
+    share = load_space("search_spaces/mnist.yaml").privacy.search_share
+    outs = []
+    for extra in ([], ["--mean", "5"]):
+        assert main(["--space", "search_spaces/mnist.yaml", "--target-epsilon", "2", "--json", *extra]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    for out, mean in zip(outs, (3, 5), strict=True):
+        t = out["transfer"]
+        assert out["stopping"]["mean"] == mean and t["expected_trials"] == pytest.approx(mean, rel=0.03)
+        assert t["search_epsilon"] == out["search_epsilon"]
+        assert 0.99 * share * 2 <= out["search_epsilon"] <= share * 2
+    # more trials for the same share: each trial noisier; the final run's σ within 3 % (the same share is left,
+    # and the composition depends on the search's whole privacy profile, not only its ε)
+    (three, five) = (o["transfer"] for o in outs)
+    assert five["trial_noise_multiplier"] > 1.1 * three["trial_noise_multiplier"]
+    for a, b in zip(three["final_noise_multipliers"], five["final_noise_multipliers"], strict=True):
+        assert b["noise_multiplier"] == pytest.approx(a["noise_multiplier"], rel=0.03)

@@ -145,7 +145,7 @@ def _charge(space: SearchSpace, n_train: int, stopping: StoppingRule | None, sig
     p = space.privacy
     rule = stopping or rule_of(p)
     if sigma_low is None and space.transfers:
-        sigma_low = transfer_trial_sigma(space, n_train)
+        sigma_low = transfer_trial_sigma(space, n_train, stopping=rule)  # σ_c sized under the rule charged
     f = space.tune_fraction
     points = reachable_points(space, n_train, sigma_low=sigma_low, tune_fraction=f)
     t_event = worst_case_event(points)
@@ -218,14 +218,15 @@ def clipping_sensitivity(space: SearchSpace) -> float:
     return max(clipping.sensitivity(str(c)) for c in _values(space, "clipping"))
 
 
-def transfer_trial_sigma(space: SearchSpace, n_train: int) -> float:
+def transfer_trial_sigma(space: SearchSpace, n_train: int, *, stopping: StoppingRule | None = None) -> float:
     """The cheap σ_c of the costliest trial point when the search plans its final run (``privacy.search_share``;
     every other (B, E) runs at σ_c × :func:`transfer_weights`): the smallest whose whole search (the space's own
     stopping rule, worst case over every reachable point, score releases or the noisy max) costs at most
-    ``privacy.search_share`` × ``privacy.target_epsilon`` (:func:`sigma_floor`)."""
+    ``privacy.search_share`` × ``privacy.target_epsilon`` (:func:`sigma_floor`). ``stopping``: a rule other than
+    the space's (``dptune plan --mean/--stopping/--setting``), which the share must then pay for."""
     p = space.privacy
     assert p.search_share is not None and p.target_epsilon is not None  # config.check_transfer
-    sigma = sigma_floor(space, n_train, target_epsilon=p.search_share * p.target_epsilon)
+    sigma = sigma_floor(space, n_train, target_epsilon=p.search_share * p.target_epsilon, stopping=stopping)
     if sigma is None:
         raise ConfigError("privacy.search_share", f"{p.search_share:g} of epsilon {p.target_epsilon:g} does not pay "
                           f"for the search's score releases (or the noisy max) even at noise multiplier "

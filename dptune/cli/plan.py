@@ -34,6 +34,7 @@ from dptune.accounting import (
     clipping_sensitivity,
     epsilon,
     plan_search,
+    plan_transfer,
     sigma_floor,
     stopping_rule,
     worst_case_event,
@@ -150,10 +151,10 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
     if args.delta is not None:
         if not 0 < args.delta < 1:
             raise ConfigError("--delta", f"{args.delta!r} is not in (0, 1)", "choose e.g. 1e-5")
-        space = _replace_privacy(space, delta=args.delta)
+        space = space.with_privacy(delta=args.delta)
     check_privacy(space.privacy, space.dataset.public_validation)
     if space.transfers and args.target_epsilon is not None:  # the trials and final run are sized from it
-        space = _replace_privacy(space, target_epsilon=args.target_epsilon)
+        space = space.with_privacy(target_epsilon=args.target_epsilon)
     if args.tune_fraction is not None:
         space = dataclasses.replace(space, tune_fraction=args.tune_fraction)
     try:
@@ -171,10 +172,6 @@ def _per_example(space: SearchSpace) -> SearchSpace:
     fixed = space.fixed.replace(clipping="auto")
     rest = {k: v for k, v in space.space.items() if k != "clipping"}
     return dataclasses.replace(space, fixed=fixed, default=space.default.replace(clipping="auto"), space=rest)
-
-
-def _replace_privacy(space: SearchSpace, **changes: Any) -> SearchSpace:
-    return space.with_privacy(**changes)
 
 
 def _summary(plan: Plan) -> dict[str, Any]:
@@ -218,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "per_example_trial_epsilon": per_example.trial_epsilon,
                                          "per_example_search_epsilon": per_example.search_epsilon}
         if space is not None and space.transfers:
-            out["transfer"] = _transfer_json(args, space, plan.n_train)
+            out["transfer"] = _transfer_json(args, space, plan)
         elif args.target_epsilon is not None:
             if space is None:
                 space = _explicit_space(args, plan)
@@ -276,15 +273,16 @@ def _priors(args: argparse.Namespace, space: SearchSpace) -> dict[str, float]:
     return values
 
 
-def _transfer_json(args: argparse.Namespace, space: SearchSpace, n_train: int) -> dict[str, Any]:
+def _transfer_json(args: argparse.Namespace, space: SearchSpace, plan: Plan) -> dict[str, Any]:
     """The trials, final runs and verdict of a search that plans its final run (``privacy.target_epsilon`` or
-    --target-epsilon)."""
+    --target-epsilon), from the plan printed above it (its stopping rule, the flags' too; computed once)."""
     try:
         baseline = load_space(args.baseline).default if args.baseline else None
     except ConfigError as e:
         raise ConfigError("--baseline", f"{args.baseline}: {e.field}: {e.problem}", e.fix) from e
     pr = _priors(args, space)
-    a = advise_transfer(space, n_train, baseline=baseline, accuracy_spread=pr["accuracy_spread"],
+    tp = plan_transfer(space, plan, final_n=plan.n_train + space.dataset.validation_size)
+    a = advise_transfer(space, plan.n_train, baseline=baseline, accuracy_spread=pr["accuracy_spread"], planned=(plan, tp),
                         loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"])
     p = a.plan
     sel = space.privacy
