@@ -127,14 +127,15 @@ def accuracy_table(run: Run, cells: Cells) -> list[str]:
                 share = "1"
             lines.append(f"{head} | {100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] | {p:.3g} | "
                          f"{significance(lo, hi, p)} | {share} |")
-        if "m" in run.modes:  # the searches against the lr-only scaled searcher (issue 21: not worse?)
-            for m in ("R", "R2", "T", "S"):
-                both = [v for _, v in done if v is not None and m in v and "m" in v]
-                if m in run.modes and len(both) > 1:
-                    mean, lo, hi, p = paired_stats(np.array([v[m] - v["m"] for v in both]))
+        # issue 21: are the whole-space searches worse than the scaled searcher, lr-only (m) or B × lr (S)?
+        for ref in [r for r in ("m", "S") if r in run.modes]:
+            for m in [m for m in ("R", "R2", "T", "S") if m in run.modes and m != ref]:
+                both = [v for _, v in done if v is not None and m in v and ref in v]
+                if len(both) > 1:
+                    mean, lo, hi, p = paired_stats(np.array([v[m] - v[ref] for v in both]))
                     worse = "worse" if hi < 0 and p < 0.05 else "not worse"
-                    lines.append(f"| {eps:g} | ({m}) − (m) | – | {len(both)} | – | {100 * mean:+.1f} [{100 * lo:+.1f}, "
-                                 f"{100 * hi:+.1f}] | {p:.3g} | {worse} | – |")
+                    lines.append(f"| {eps:g} | ({m}) − ({ref}) | – | {len(both)} | – | {100 * mean:+.1f} "
+                                 f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | {p:.3g} | {worse} | – |")
     return lines
 
 
