@@ -9,7 +9,8 @@ its final run is at σ_f with lr L, asserted equal to the released rule lr·σ =
 and the named searches of issues 13 and 21, each a space file beside ``--space`` (on the same data):
 (R)  ``mnist.yaml`` as first declared (B 64-1024, lr 0.1-6.4), random search with random stopping;
 (R2) ``mnist.yaml`` as shipped (B ∈ {256, 1024}, lr 0.4-3.2);
-(T)  ``mnist_tpe.yaml``: TPE under composition, the same space and transfer;
+(T)  ``mnist_tpe.yaml`` as first declared (R's space): TPE under composition, the same transfer;
+(T2) ``mnist_tpe.yaml`` as shipped since 2026-11-26 (R2's space and priors);
 (S)  ``mnist_scaled.yaml``: the scaled searcher over B × lr, one report-noisy-max;
 (A)  ``mnist_alc.yaml``: (S) with adaptive layerwise clipping (per-layer C_l from public data);
 (m)  the lr-only scaled searcher of issue 13 (``mnist_scaled.yaml`` with B 256, lr candidates 0.2-3.2), noisy max;
@@ -161,6 +162,17 @@ def _r2(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _t1(raw: dict[str, Any]) -> dict[str, Any]:
+    raw = _r1(raw)
+    raw["planner"].update(accuracy_spread=0.2230, loss_per_noise_doubling=0.3507)  # proxy_priors_mnist_v1.md
+    return raw
+
+
+def _t2(raw: dict[str, Any]) -> dict[str, Any]:
+    assert {k: raw["space"][k] for k in R2} == R2, "mnist_tpe.yaml is no longer T2's space"
+    return raw
+
+
 def _g(raw: dict[str, Any]) -> dict[str, Any]:
     raw = lr_only_scaled(raw)
     raw["privacy"].update(selection="best_score", score_noise=GAUSSIAN_SCORE)
@@ -174,7 +186,10 @@ for _mode in (
            "(R) mnist.yaml as first declared (B 64-1024, lr 0.1-6.4).", edit=_r1),
     _named("R2", "mnist.yaml", "(R2) random search, random stopping, B ∈ {256, 1024}, lr 0.4-3.2 (mnist.yaml v2)",
            "(R2) mnist.yaml as shipped.", edit=_r2),
-    _named("T", "mnist_tpe.yaml", "(T) TPE, composed, whole space (mnist_tpe.yaml)", "(T) mnist_tpe.yaml."),
+    _named("T", "mnist_tpe.yaml", "(T) TPE, composed, whole space (mnist_tpe.yaml as first declared)",
+           "(T) mnist_tpe.yaml as first declared (B 64-1024, lr 0.1-6.4).", edit=_t1),
+    _named("T2", "mnist_tpe.yaml", "(T2) TPE, composed, B ∈ {256, 1024}, lr 0.4-3.2 (mnist_tpe.yaml v2)",
+           "(T2) mnist_tpe.yaml as shipped.", edit=_t2),
     _named("S", "mnist_scaled.yaml", "(S) scaled searcher, B × lr, noisy max (mnist_scaled.yaml)",
            "(S) mnist_scaled.yaml."),
     _named("A", "mnist_alc.yaml", "(A) (S) with adaptive layerwise clipping (mnist_alc.yaml)",
