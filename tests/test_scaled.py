@@ -266,7 +266,8 @@ def _noisy_max_choice(run: Path, rows: list[dict[str, object]], beta: float) -> 
     return int(np.argmax(noised))
 
 
-@pytest.mark.parametrize("selection", ["noisy_max", pytest.param("best_score", marks=pytest.mark.slow)])  # best_score: make test-slow
+# best_score: make test-slow (the same search and final run, another selection rule)
+@pytest.mark.parametrize("selection", ["noisy_max", pytest.param("best_score", marks=pytest.mark.slow)])
 def test_scaled_search_and_final_training_end_to_end(selection: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """A real Ray search (3 trials, 3 epochs) and the final run it prints: what ran is what was charged, and

@@ -282,8 +282,8 @@ def _transfer_json(args: argparse.Namespace, space: SearchSpace, plan: Plan) -> 
         raise ConfigError("--baseline", f"{args.baseline}: {e.field}: {e.problem}", e.fix) from e
     pr = _priors(args, space)
     tp = plan_transfer(space, plan, final_n=plan.n_train + space.dataset.validation_size)
-    a = advise_transfer(space, plan.n_train, baseline=baseline, accuracy_spread=pr["accuracy_spread"], planned=(plan, tp),
-                        loss_per_noise_doubling=pr["loss_per_noise_doubling"], min_gain=pr["min_gain"])
+    a = advise_transfer(space, plan.n_train, baseline=baseline, planned=(plan, tp), min_gain=pr["min_gain"],
+                        accuracy_spread=pr["accuracy_spread"], loss_per_noise_doubling=pr["loss_per_noise_doubling"])
     p = a.plan
     sel = space.privacy
     return {"searcher": space.searcher, "selection": {"rule": sel.selection, "noise": sel.score_noise},
