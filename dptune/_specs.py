@@ -237,6 +237,10 @@ class PlannerSpec:
         min_gain: The proxy gain a search must promise to be run (0.005: half a point).
         baseline: The config a search must beat, trained once with the whole budget (e.g. the literature's
             default): its hyperparameters over the space's default. Null: the space's default.
+        rehearsal: The search rehearsed on the public proxy against the baseline (``bench/proxy_priors.py
+            --rehearse``): total ε -> mean test-accuracy gain (accuracy units). When given it is the verdict:
+            expected to pay iff the gain at the target ε (linear in log ε between rehearsed points, the nearest
+            point outside them) is above 0.
     """
 
     proxy: str = "none: generic priors"
@@ -246,14 +250,34 @@ class PlannerSpec:
     # the config a search must beat, trained once with the whole budget (e.g. the literature's default): its
     # hyperparameters; None: the space's default
     baseline: dict[str, Any] | None = None
+    rehearsal: dict[float, float] | None = None  # total ε -> the rehearsed gain (accuracy units)
 
     def __post_init__(self) -> None:
+        if self.rehearsal is not None:
+            object.__setattr__(self, "rehearsal", _rehearsal(self.rehearsal))
         if not isinstance(self.proxy, str) or not self.proxy.strip():
             raise ConfigError("planner.proxy", f"{self.proxy!r} is not a name", "name the public proxy task")
         for key in ("accuracy_spread", "loss_per_noise_doubling"):
             check_positive(f"planner.{key}", getattr(self, key), "give a prior measured on a public proxy task")
         if not (math.isfinite(self.min_gain) and self.min_gain >= 0):
             raise ConfigError("planner.min_gain", f"{self.min_gain!r} must be >= 0", "choose e.g. 0.005")
+
+
+def _rehearsal(raw: Mapping[Any, Any]) -> dict[float, float]:
+    out = {}
+    for key, value in raw.items():
+        e = float(key) if isinstance(key, int | float) and not isinstance(key, bool) else math.nan
+        if not (math.isfinite(e) and e > 0):
+            raise ConfigError("planner.rehearsal", f"key {key!r} is not a total epsilon > 0",
+                              "write {epsilon: gain, ...}, e.g. {1: -0.012, 2: 0.008}")
+        g = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+        if not (math.isfinite(g) and -1 <= g <= 1):
+            raise ConfigError(f"planner.rehearsal.{key}", f"{value!r} is not a gain in accuracy units (-1..1)",
+                              "give the mean gain bench/proxy_priors.py --rehearse printed, e.g. 0.008")
+        out[e] = g
+    if not out:
+        raise ConfigError("planner.rehearsal", "is empty", "give {epsilon: gain, ...} or remove it")
+    return dict(sorted(out.items()))
 
 
 def with_planner_baseline(planner: PlannerSpec, fields: Mapping[str, Any], coerce: Any) -> PlannerSpec:

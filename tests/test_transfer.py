@@ -3,6 +3,7 @@ verdict gate before any charge, and ``--tune-anyway`` through a real Ray search.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -140,3 +141,53 @@ def test_the_verdict_prices_against_the_planner_baseline() -> None:
     raw["planner"]["baseline"] = {"batch_size": "large"}
     with pytest.raises(ConfigError, match="planner.baseline.batch_size"):
         parse_space(raw)
+
+
+def _rehearsed(gains: dict[float, float]) -> dict[str, object]:
+    raw = yaml.safe_load(DIGITS_SCALED.read_text())
+    raw["planner"] = {"proxy": "test rehearsal", "accuracy_spread": 0.05, "loss_per_noise_doubling": 0.1,
+                      "rehearsal": gains}
+    return raw
+
+
+def test_a_rehearsal_on_the_proxy_is_the_verdict() -> None:
+    """planner.rehearsal (the search rehearsed on a public proxy, per total ε) decides: above 0 pays; between two
+    rehearsed ε it is linear in log ε (ε 4 between 2 and 8: the mean of the two), outside them the nearest one."""
+    space = parse_space(_rehearsed({8: -0.02, 2: 0.01}))
+    assert space.planner.rehearsal == {2.0: 0.01, 8.0: -0.02}
+    eps = (1.5, 2.0, 4.0, 6.0, 16.0)
+    got = {e: A.advise_transfer(space, N_TRAIN, target_epsilon=e) for e in eps}
+    assert got[1.5].rehearsed == got[2.0].rehearsed == 0.01 and got[16.0].rehearsed == -0.02
+    assert got[4.0].rehearsed == pytest.approx(-0.005, abs=1e-15)
+    assert got[6.0].rehearsed == pytest.approx(0.01 - 0.03 * math.log(3) / math.log(4), rel=1e-12)
+    assert [got[e].pays for e in eps] == [True, True, False, False, False]
+    assert "rehearsed on the public proxy: -2.00 points" in got[16.0].verdict
+    assert "not expected to pay" in got[16.0].verdict and "interpolated between epsilon 2 and 8" in got[4.0].verdict
+    # the analytic model with the same priors says the opposite at ε 1.5 and 16: the rehearsal overrides it
+    plain = dataclasses.replace(space, planner=dataclasses.replace(space.planner, rehearsal=None))
+    analytic = {e: A.advise_transfer(plain, N_TRAIN, target_epsilon=e) for e in (1.5, 16.0)}
+    assert analytic[1.5].rehearsed is None and not analytic[1.5].pays and analytic[16.0].pays
+    assert got[1.5].proxy == analytic[1.5].proxy  # the analytic figures are still computed and printed
+
+
+@pytest.mark.parametrize(("gains", "field"), [({0: 0.01}, "planner.rehearsal"), ({-1: 0.01}, "planner.rehearsal"),
+                                              ({1: 5}, "planner.rehearsal.1"), ({2: "much"}, "planner.rehearsal.2"),
+                                              ({}, "planner.rehearsal")])
+def test_a_bad_rehearsal_names_the_field(gains: dict[float, object], field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_space(_rehearsed(gains))  # type: ignore[arg-type]
+    assert e.value.field == field and e.value.fix
+
+
+def test_the_gate_refuses_a_search_its_rehearsal_says_loses(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from dptune.cli.search import main as search_main
+
+    ledger = tmp_path / "ledger.sqlite"
+    path = _write(tmp_path, _rehearsed({1: -0.02, 16: -0.001}), "rehearsed")
+    rc = search_main(["--space", str(path), "--ledger", str(ledger), "--budget-epsilon", "30",
+                      "--runs-dir", str(tmp_path / "runs")])
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    assert "rehearsed on the public proxy" in captured.out and "not expected to pay" in captured.out
+    assert not ledger.exists() or Ledger(ledger).charges() == []

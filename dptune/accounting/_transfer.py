@@ -129,6 +129,12 @@ class TransferAdvice:
       scores with error err² = (σ_s/n_val)² + 1/(4 n_val) (σ_s: the score noise's std, or a noisy max's
       Gumbel std π·β/√6), ρ = s/√(s² + err²), e(K) = E[max of K standard normals];
     * ``proxy`` = expected_gain − ℓ·log₂(noise_ratio). Expected to pay when the proxy is at least ``min_gain``.
+
+    A space whose ``planner.rehearsal`` holds the search rehearsed on the public proxy (its whole search and final
+    run against the baseline, per total ε) is judged by that instead: ``rehearsed`` is the rehearsed gain at the
+    target ε (linear in log ε between rehearsed points, the nearest point outside them), expected to pay when it
+    is above 0 (it prices every cost: the search's share, the transfer, the selection noise). The analytic
+    figures above are still computed and printed.
     """
 
     searcher: str
@@ -144,9 +150,12 @@ class TransferAdvice:
     proxy: float
     min_gain: float
     priors: dict[str, Any]  # accuracy_spread, loss_per_noise_doubling, and the proxy that measured them
+    rehearsed: float | None = None  # the rehearsed gain at the target ε, when the space has a rehearsal
 
     @property
     def pays(self) -> bool:
+        if self.rehearsed is not None:
+            return self.rehearsed > 0
         return self.proxy >= self.min_gain
 
     @property
@@ -156,6 +165,13 @@ class TransferAdvice:
                 f"{p.trial_sigma:.3g} (r = {self.transfer:.2f} x the final run's), final noise-to-signal "
                 f"x{self.noise_ratio:.2f} of the baseline trained once (noise multiplier {self.baseline_sigma:.3g}); "
                 f"proxy {self.proxy:+.4f}")
+        if self.rehearsed is not None:
+            head = (f"{head}; rehearsed on the public proxy: {100 * self.rehearsed:+.2f} points against the "
+                    f"baseline ({_rehearsal_span(self.priors['rehearsal'], self.target_epsilon)})")
+            if self.pays:
+                return f"{head} > 0: expected to pay"
+            return (f"{head} <= 0: not expected to pay — train the baseline config once with the whole budget, "
+                    "or raise epsilon")
         if self.pays:
             return f"{head} >= {self.min_gain:g}: expected to pay"
         return (f"{head} < {self.min_gain:g}: not expected to pay — train the baseline config once with the "
@@ -213,7 +229,32 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         searcher=space.searcher, target_epsilon=p.target_epsilon, delta=plan.delta, plan=tp,
         search_epsilon=plan.search_epsilon, baseline_sigma=sigma_a, noise_ratio=ratio, transfer=transfer,
         expected_trials=mean_k, expected_gain=gain, proxy=gain - ell * math.log2(ratio), min_gain=min_gain,
-        priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy})
+        priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy, "rehearsal": pr.rehearsal},
+        rehearsed=None if pr.rehearsal is None else rehearsed_gain(pr.rehearsal, p.target_epsilon))
+
+
+def rehearsed_gain(rehearsal: dict[float, float], epsilon: float) -> float:
+    """The rehearsed gain at total ``epsilon``: linear in log ε between the rehearsed points, the nearest point's
+    value outside them."""
+    eps = sorted(rehearsal)
+    if epsilon <= eps[0]:
+        return rehearsal[eps[0]]
+    if epsilon >= eps[-1]:
+        return rehearsal[eps[-1]]
+    hi = next(i for i, e in enumerate(eps) if e >= epsilon)
+    a, b = eps[hi - 1], eps[hi]
+    w = math.log(epsilon / a) / math.log(b / a)
+    return (1 - w) * rehearsal[a] + w * rehearsal[b]
+
+
+def _rehearsal_span(rehearsal: dict[float, float], epsilon: float) -> str:
+    eps = sorted(rehearsal)
+    if epsilon in rehearsal:
+        return f"rehearsed at epsilon {epsilon:g}"
+    if epsilon < eps[0] or epsilon > eps[-1]:
+        return f"outside the rehearsed epsilons {', '.join(f'{e:g}' for e in eps)}: the nearest one's"
+    hi = next(i for i, e in enumerate(eps) if e >= epsilon)
+    return f"interpolated between epsilon {eps[hi - 1]:g} and {eps[hi]:g}"
 
 
 def _expected_best(space: SearchSpace, plan: Plan, tp: TransferPlan) -> tuple[float, float]:
