@@ -30,7 +30,7 @@ Measured (bench/results/rehearsal_mnist*.md, digits split seeds 100-107): at the
 saturates (the literature default reaches 94-97 % at every ε), so the rehearsal says "does not pay" at ε 1, 2
 and 4 for mnist.yaml (-2.2, +0.0, -0.6 points) and mnist_tpe.yaml (-1.0, -1.2, -0.1), where MNIST's earlier
 split seeds measured gains at ε 2 and 4 (R2 +1.5/+1.9 on seeds 25-28): on those seeds it agrees with MNIST's
-sign in fewer cells than the analytic model, which therefore stays the verdict.
+sign in fewer cells than the analytic model, so digits' rehearsal was never the verdict.
 
     python bench/proxy_priors.py --space search_spaces/mnist.yaml --rehearse --epsilons 1,2,4
 
