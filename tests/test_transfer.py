@@ -173,7 +173,8 @@ def test_a_rehearsal_on_the_proxy_is_the_verdict() -> None:
 
 def test_a_rehearsal_of_another_search_does_not_judge_this_one() -> None:
     """A rehearsal holds for the search it rehearsed (``rehearsal_of``): another range, a flag's override, a
-    what-if stopping rule or another baseline is judged by the analytic model, and the verdict says so."""
+    what-if stopping rule, another training-set size or another baseline is judged by the analytic model, and
+    the verdict says so."""
     space = parse_space(_rehearsed({2: -0.02, 8: -0.02}))
     assert not A.advise_transfer(space, N_TRAIN).pays  # its own search: the rehearsal says no
     raw = _rehearsed({2: -0.02, 8: -0.02})
@@ -183,7 +184,7 @@ def test_a_rehearsal_of_another_search_does_not_judge_this_one() -> None:
     plan = A.plan_search(space, N_TRAIN, A.STOPPING_RULES["composed"](mean=2.0), compare=False)
     what_if = (plan, A.plan_transfer(space, plan, final_n=N_TRAIN + N_VAL))
     for a in (A.advise_transfer(edited, N_TRAIN), A.advise_transfer(epochs, N_TRAIN),
-              A.advise_transfer(space, N_TRAIN, planned=what_if),
+              A.advise_transfer(space, N_TRAIN, planned=what_if), A.advise_transfer(space, N_TRAIN - 100),
               A.advise_transfer(space, N_TRAIN, baseline=space.default.replace(learning_rate=0.05))):
         assert a.rehearsed is None and a.pays == (a.proxy >= a.min_gain)
         assert "rehearsal (planner.rehearsal) is of another search or baseline" in a.verdict

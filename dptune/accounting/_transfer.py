@@ -31,7 +31,7 @@ from dptune.accounting._advice import expected_max
 from dptune.accounting._calibrate import calibrate_noise_multiplier
 from dptune.accounting._catalogue import rule_of
 from dptune.accounting._planner import Plan, plan_search
-from dptune.config import ConfigError, SearchSpace, TrialConfig, support_values
+from dptune.config import ConfigError, SearchSpace, TrialConfig, nominal_train_size, support_values
 from dptune.errors import check_positive
 from dptune.searchers import searcher
 
@@ -219,7 +219,8 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
     d = baseline or space.baseline
     # a rehearsal holds only for the search it rehearsed, priced against the baseline it ran
     stale = pr.rehearsal is not None and (rehearsal_key(space) != pr.rehearsal_of or d != space.baseline
-                                          or plan.stopping != rule_of(space.privacy))  # a what-if stopping rule
+                                          or plan.stopping != rule_of(space.privacy)  # a what-if stopping rule
+                                          or n_train != nominal_train_size(space.dataset))
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
                                          steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)
@@ -247,13 +248,15 @@ def rehearsal_key(space: SearchSpace) -> str:
     """What a rehearsal (``planner.rehearsal``) was of: a digest of everything that decides the search and its
     final run — the searched distributions, the fixed and default configs, the privacy settings but the total ε
     (rehearsed per ε), the searcher, the dataset's name, split and sizes (not where it lives or its split seed),
-    the planner's baseline and the layerwise-clipping section. Config only: nothing here is read from data."""
+    the planner's baseline and the layerwise-clipping section. The data's sizes enter (its training split's size as
+    known without reading it), not its name: whether a rehearsal's proxy is like the data is the space's
+    declaration (``planner.proxy``), as for every prior. Config only: nothing here is read from data."""
     d = space.dataset
     privacy = sorted((f.name, repr(getattr(space.privacy, f.name))) for f in dataclasses.fields(space.privacy)
                      if f.name != "target_epsilon")
     parts = (sorted((k, repr(v)) for k, v in space.space.items()), repr(space.fixed), repr(space.default), privacy,
              space.searcher, space.scheduler, space.tune_fraction,
-             (d.name, d.split, d.validation_size, d.test_size, d.public_validation), repr(space.baseline),
+             (nominal_train_size(d), d.validation_size, d.test_size, d.public_validation), repr(space.baseline),
              repr(space.alc))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
