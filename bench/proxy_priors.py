@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps
+from dptune.accounting import calibrate_noise_multiplier, rehearsal_key, sampling_rate, trial_steps
 from dptune.config import DatasetSpec, SearchSpace, load_space, nominal_train_size
 from dptune.searchers import searcher
 
@@ -215,7 +215,7 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
     lines += [f"| {e:g} | {100 * np.mean(g):+.2f} | {100 * np.std(g, ddof=1) / np.sqrt(len(g)):.2f} |"
               for e, g in gains.items()]
     lines += ["", "```yaml", "  rehearsal: {" + ", ".join(f"{e:g}: {np.mean(g):.4f}" for e, g in sorted(gains.items()))
-              + "}", "```", ""]
+              + "}", f'  rehearsal_of: "{rehearsal_key(space)}"', "```", ""]
     text = "\n".join(lines)
     suffix = "" if args.proxy == "digits" else f"_{args.proxy.replace('-', '_')}"
     out = RESULTS / f"rehearsal_{space.name}{suffix}.md"

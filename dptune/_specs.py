@@ -241,6 +241,9 @@ class PlannerSpec:
             --rehearse``): total ε -> mean test-accuracy gain (accuracy units). When given it is the verdict:
             expected to pay iff the gain at the target ε (linear in log ε between rehearsed points, the nearest
             point outside them) is above 0.
+        rehearsal_of: The key (``accounting.rehearsal_key``) of the search that was rehearsed: a space whose
+            search differs from it (another range, rule, share, baseline or a flag's override) is judged by the
+            analytic model instead, and the verdict says so.
     """
 
     proxy: str = "none: generic priors"
@@ -251,10 +254,14 @@ class PlannerSpec:
     # hyperparameters; None: the space's default
     baseline: dict[str, Any] | None = None
     rehearsal: dict[float, float] | None = None  # total ε -> the rehearsed gain (accuracy units)
+    rehearsal_of: str | None = None  # accounting.rehearsal_key of the search rehearsed
 
     def __post_init__(self) -> None:
         if self.rehearsal is not None:
             object.__setattr__(self, "rehearsal", _rehearsal(self.rehearsal))
+            if not isinstance(self.rehearsal_of, str) or not re.fullmatch(r"[0-9a-f]{16}", self.rehearsal_of):
+                raise ConfigError("planner.rehearsal_of", f"{self.rehearsal_of!r} is not the rehearsed search's key",
+                                  "copy the rehearsal_of line bench/proxy_priors.py --rehearse printed with it")
         if not isinstance(self.proxy, str) or not self.proxy.strip():
             raise ConfigError("planner.proxy", f"{self.proxy!r} is not a name", "name the public proxy task")
         for key in ("accuracy_spread", "loss_per_noise_doubling"):

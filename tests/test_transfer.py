@@ -143,10 +143,11 @@ def test_the_verdict_prices_against_the_planner_baseline() -> None:
         parse_space(raw)
 
 
-def _rehearsed(gains: dict[float, float]) -> dict[str, object]:
+def _rehearsed(gains: dict[float, float], key: str | None = None) -> dict[str, object]:
+    """digits_scaled with a rehearsal of its own search (``key``: another one's)."""
     raw = yaml.safe_load(DIGITS_SCALED.read_text())
-    raw["planner"] = {"proxy": "test rehearsal", "accuracy_spread": 0.05, "loss_per_noise_doubling": 0.1,
-                      "rehearsal": gains}
+    raw["planner"] = {"proxy": "test rehearsal", "accuracy_spread": 0.05, "loss_per_noise_doubling": 0.1}
+    raw["planner"].update(rehearsal=gains, rehearsal_of=key or A.rehearsal_key(parse_space(raw)))
     return raw
 
 
@@ -168,6 +169,38 @@ def test_a_rehearsal_on_the_proxy_is_the_verdict() -> None:
     analytic = {e: A.advise_transfer(plain, N_TRAIN, target_epsilon=e) for e in (1.5, 16.0)}
     assert analytic[1.5].rehearsed is None and not analytic[1.5].pays and analytic[16.0].pays
     assert got[1.5].proxy == analytic[1.5].proxy  # the analytic figures are still computed and printed
+
+
+def test_a_rehearsal_of_another_search_does_not_judge_this_one() -> None:
+    """A rehearsal holds for the search it rehearsed (``rehearsal_of``): another range, a flag's override, a
+    what-if stopping rule, another training-set size or another baseline is judged by the analytic model, and
+    the verdict says so."""
+    space = parse_space(_rehearsed({2: -0.02, 8: -0.02}))
+    assert not A.advise_transfer(space, N_TRAIN).pays  # its own search: the rehearsal says no
+    raw = _rehearsed({2: -0.02, 8: -0.02})
+    raw["space"]["learning_rate"]["choices"] = [0.3, 0.6, 2.4]  # another search, the same rehearsal lines
+    edited = parse_space(raw)
+    epochs = dataclasses.replace(space, fixed=space.fixed.replace(epochs=1.0), default=space.default.replace(epochs=1.0))
+    plan = A.plan_search(space, N_TRAIN, A.STOPPING_RULES["composed"](mean=2.0), compare=False)
+    what_if = (plan, A.plan_transfer(space, plan, final_n=N_TRAIN + N_VAL))
+    for a in (A.advise_transfer(edited, N_TRAIN), A.advise_transfer(epochs, N_TRAIN),
+              A.advise_transfer(space, N_TRAIN, planned=what_if), A.advise_transfer(space, N_TRAIN - 100),
+              A.advise_transfer(space, N_TRAIN, baseline=space.default.replace(learning_rate=0.05))):
+        assert a.rehearsed is None and a.pays == (a.proxy >= a.min_gain)
+        assert "rehearsal (planner.rehearsal) is of another search or baseline" in a.verdict
+    with pytest.raises(ConfigError) as e:
+        parse_space({**raw, "planner": {**raw["planner"], "rehearsal_of": None}})  # type: ignore[dict-item]
+    assert e.value.field == "planner.rehearsal_of"
+
+
+def test_the_shipped_mnist_rehearsals_are_of_the_shipped_searches() -> None:
+    """Each MNIST space's rehearsal is current (a change to the search or its code would leave it stale, and the
+    verdict would fall back silently): at total ε 1 each says no, as measured on MNIST's fresh seeds."""
+    for name in ("mnist", "mnist_tpe", "mnist_scaled"):
+        space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+        assert A.rehearsal_key(space) == space.planner.rehearsal_of, name
+        a = A.advise_transfer(space, 8000, n_val=1000, target_epsilon=1.0)
+        assert a.rehearsed == space.planner.rehearsal[1.0] and not a.pays, name  # type: ignore[index]
 
 
 @pytest.mark.parametrize(("gains", "field"), [({0: 0.01}, "planner.rehearsal"), ({-1: 0.01}, "planner.rehearsal"),

@@ -79,6 +79,7 @@ from dptune.accounting._transfer import (
     TransferPlan,
     advise_transfer,
     plan_transfer,
+    rehearsal_key,
 )
 
 __all__ = [
@@ -117,6 +118,7 @@ __all__ = [
     "advise_transfer",
     "clipping_sensitivity",
     "plan_transfer",
+    "rehearsal_key",
     "plan_search",
     "pld_epsilon",
     "pld_of",

@@ -18,6 +18,8 @@ it is expected to pay (``dptune.search`` refuses one that is not, unless ``--tun
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +29,9 @@ import numpy as np
 from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._advice import expected_max
 from dptune.accounting._calibrate import calibrate_noise_multiplier
+from dptune.accounting._catalogue import rule_of
 from dptune.accounting._planner import Plan, plan_search
-from dptune.config import ConfigError, SearchSpace, TrialConfig, support_values
+from dptune.config import ConfigError, SearchSpace, TrialConfig, nominal_train_size, support_values
 from dptune.errors import check_positive
 from dptune.searchers import searcher
 
@@ -165,6 +168,9 @@ class TransferAdvice:
                 f"{p.trial_sigma:.3g} (r = {self.transfer:.2f} x the final run's), final noise-to-signal "
                 f"x{self.noise_ratio:.2f} of the baseline trained once (noise multiplier {self.baseline_sigma:.3g}); "
                 f"proxy {self.proxy:+.4f}")
+        if self.priors.get("stale"):
+            head = (f"{head}; the space's rehearsal (planner.rehearsal) is of another search or baseline, so the "
+                    "analytic model judges")
         if self.rehearsed is not None:
             head = (f"{head}; rehearsed on the public proxy: {100 * self.rehearsed:+.2f} points against the "
                     f"baseline ({_rehearsal_span(self.priors['rehearsal'], self.target_epsilon)})")
@@ -211,6 +217,10 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         plan = plan_search(space, n_train, compare=False)
         tp = plan_transfer(space, plan, final_n=final_n)
     d = baseline or space.baseline
+    # a rehearsal holds only for the search it rehearsed, priced against the baseline it ran
+    stale = pr.rehearsal is not None and (rehearsal_key(space) != pr.rehearsal_of or d != space.baseline
+                                          or plan.stopping != rule_of(space.privacy)  # a what-if stopping rule
+                                          or n_train != nominal_train_size(space.dataset))
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
                                          steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)
@@ -229,8 +239,26 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         searcher=space.searcher, target_epsilon=p.target_epsilon, delta=plan.delta, plan=tp,
         search_epsilon=plan.search_epsilon, baseline_sigma=sigma_a, noise_ratio=ratio, transfer=transfer,
         expected_trials=mean_k, expected_gain=gain, proxy=gain - ell * math.log2(ratio), min_gain=min_gain,
-        priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy, "rehearsal": pr.rehearsal},
-        rehearsed=None if pr.rehearsal is None else rehearsed_gain(pr.rehearsal, p.target_epsilon))
+        priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy, "rehearsal": pr.rehearsal,
+                "rehearsal_of": pr.rehearsal_of, "stale": stale},
+        rehearsed=None if pr.rehearsal is None or stale else rehearsed_gain(pr.rehearsal, p.target_epsilon))
+
+
+def rehearsal_key(space: SearchSpace) -> str:
+    """What a rehearsal (``planner.rehearsal``) was of: a digest of everything that decides the search and its
+    final run — the searched distributions, the fixed and default configs, the privacy settings but the total ε
+    (rehearsed per ε), the searcher, the dataset's name, split and sizes (not where it lives or its split seed),
+    the planner's baseline and the layerwise-clipping section. The data's sizes enter (its training split's size as
+    known without reading it), not its name: whether a rehearsal's proxy is like the data is the space's
+    declaration (``planner.proxy``), as for every prior. Config only: nothing here is read from data."""
+    d = space.dataset
+    privacy = sorted((f.name, repr(getattr(space.privacy, f.name))) for f in dataclasses.fields(space.privacy)
+                     if f.name != "target_epsilon")
+    parts = (sorted((k, repr(v)) for k, v in space.space.items()), repr(space.fixed), repr(space.default), privacy,
+             space.searcher, space.scheduler, space.tune_fraction,
+             (nominal_train_size(d), d.validation_size, d.test_size, d.public_validation), repr(space.baseline),
+             repr(space.alc))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
 def rehearsed_gain(rehearsal: dict[float, float], epsilon: float) -> float:
