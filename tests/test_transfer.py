@@ -177,6 +177,8 @@ def test_a_rehearsal_of_another_search_does_not_judge_this_one() -> None:
     the verdict says so."""
     space = parse_space(_rehearsed({2: -0.02, 8: -0.02}))
     assert not A.advise_transfer(space, N_TRAIN).pays  # its own search: the rehearsal says no
+    # the same baseline with another space's score noise (it is trained once, releasing no score) is the same
+    assert A.advise_transfer(space, N_TRAIN, baseline=space.baseline.replace(score_noise=7.0)).rehearsed == -0.02
     raw = _rehearsed({2: -0.02, 8: -0.02})
     raw["space"]["learning_rate"]["choices"] = [0.3, 0.6, 2.4]  # another search, the same rehearsal lines
     edited = parse_space(raw)

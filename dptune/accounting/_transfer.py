@@ -218,7 +218,7 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         tp = plan_transfer(space, plan, final_n=final_n)
     d = baseline or space.baseline
     # a rehearsal holds only for the search it rehearsed, priced against the baseline it ran
-    stale = pr.rehearsal is not None and (rehearsal_key(space) != pr.rehearsal_of or d != space.baseline
+    stale = pr.rehearsal is not None and (rehearsal_key(space) != pr.rehearsal_of or _trained(d) != _trained(space.baseline)
                                           or plan.stopping != rule_of(space.privacy)  # a what-if stopping rule
                                           or n_train != nominal_train_size(space.dataset))
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
@@ -242,6 +242,11 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy, "rehearsal": pr.rehearsal,
                 "rehearsal_of": pr.rehearsal_of, "stale": stale},
         rehearsed=None if pr.rehearsal is None or stale else rehearsed_gain(pr.rehearsal, p.target_epsilon))
+
+
+def _trained(config: TrialConfig) -> TrialConfig:
+    """The baseline as it is trained once with the whole budget: its σ calibrated, its seed per run, no score."""
+    return config.replace(noise_multiplier=1.0, seed=0, score_noise=None)
 
 
 def rehearsal_key(space: SearchSpace) -> str:
