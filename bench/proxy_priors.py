@@ -129,14 +129,16 @@ def mnist_public(seed: int) -> Any:
     with gzip.open(csv, "rt") as f:
         raw = np.loadtxt(f, delimiter=",", dtype=np.int64)
     images, labels = raw[:, :-1].astype(np.uint8), raw[:, -1].astype(np.uint8)
-    folder = Path(tempfile.mkdtemp(prefix="mnist-public-"))
     n = len(labels)
-    (folder / "train-images-idx3-ubyte").write_bytes(
-        np.array([2051, n, 28, 28], dtype=">i4").tobytes() + images.tobytes())
-    (folder / "train-labels-idx1-ubyte").write_bytes(np.array([2049, n], dtype=">i4").tobytes() + labels.tobytes())
-    spec = DatasetSpec(name="mnist", path=str(folder), split="train", validation_size=400, test_size=1000,
-                       split_seed=seed)
-    return load_dataset(spec)
+    with tempfile.TemporaryDirectory(prefix="mnist-public-") as tmp:  # read into memory, then removed
+        folder = Path(tmp)
+        (folder / "train-images-idx3-ubyte").write_bytes(
+            np.array([2051, n, 28, 28], dtype=">i4").tobytes() + images.tobytes())
+        (folder / "train-labels-idx1-ubyte").write_bytes(
+            np.array([2049, n], dtype=">i4").tobytes() + labels.tobytes())
+        spec = DatasetSpec(name="mnist", path=str(folder), split="train", validation_size=400, test_size=1000,
+                           split_seed=seed)
+        return load_dataset(spec)
 
 
 def proxy_data(proxy: str, seed: int) -> Any:
