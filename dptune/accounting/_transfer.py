@@ -153,7 +153,8 @@ class TransferAdvice:
     proxy: float
     min_gain: float
     priors: dict[str, Any]  # accuracy_spread, loss_per_noise_doubling, and the proxy that measured them
-    rehearsed: float | None = None  # the rehearsed gain at the target ε, when the space has a rehearsal
+    rehearsed: float | None = None  # the rehearsed gain at the target ε, when the space's rehearsal applies
+    rehearsal_basis: str = ""  # where ``rehearsed`` comes from, or why the space's rehearsal does not apply
 
     @property
     def pays(self) -> bool:
@@ -168,12 +169,11 @@ class TransferAdvice:
                 f"{p.trial_sigma:.3g} (r = {self.transfer:.2f} x the final run's), final noise-to-signal "
                 f"x{self.noise_ratio:.2f} of the baseline trained once (noise multiplier {self.baseline_sigma:.3g}); "
                 f"proxy {self.proxy:+.4f}")
-        if self.priors.get("stale"):
-            head = (f"{head}; the space's rehearsal (planner.rehearsal) is of another search or baseline, so the "
-                    "analytic model judges")
+        if self.rehearsed is None and self.rehearsal_basis:
+            head = f"{head}; {self.rehearsal_basis}"
         if self.rehearsed is not None:
             head = (f"{head}; rehearsed on the public proxy: {100 * self.rehearsed:+.2f} points against the "
-                    f"baseline ({_rehearsal_span(self.priors['rehearsal'], self.target_epsilon)})")
+                    f"baseline ({self.rehearsal_basis})")
             if self.pays:
                 return f"{head} > 0: expected to pay"
             return (f"{head} <= 0: not expected to pay — train the baseline config once with the whole budget, "
@@ -218,9 +218,15 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         tp = plan_transfer(space, plan, final_n=final_n)
     d = baseline or space.baseline
     # a rehearsal holds only for the search it rehearsed, priced against the baseline it ran
-    stale = pr.rehearsal is not None and (rehearsal_key(space) != pr.rehearsal_of or _trained(d) != _trained(space.baseline)
-                                          or plan.stopping != rule_of(space.privacy)  # a what-if stopping rule
-                                          or n_train != nominal_train_size(space.dataset))
+    rehearsed, basis = None, ""
+    if pr.rehearsal is not None:
+        if (rehearsal_key(space) != pr.rehearsal_of or _trained(d) != _trained(space.baseline)
+                or plan.stopping != rule_of(space.privacy)  # a what-if stopping rule
+                or n_train != nominal_train_size(space.dataset)):
+            basis = ("the space's rehearsal (planner.rehearsal) is of another search or baseline, so the analytic "
+                     "model judges")
+        else:
+            rehearsed, basis = _rehearsed_gain(pr.rehearsal, p.target_epsilon)
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
                                          steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)
@@ -240,8 +246,8 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         search_epsilon=plan.search_epsilon, baseline_sigma=sigma_a, noise_ratio=ratio, transfer=transfer,
         expected_trials=mean_k, expected_gain=gain, proxy=gain - ell * math.log2(ratio), min_gain=min_gain,
         priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy, "rehearsal": pr.rehearsal,
-                "rehearsal_of": pr.rehearsal_of, "stale": stale},
-        rehearsed=None if pr.rehearsal is None or stale else rehearsed_gain(pr.rehearsal, p.target_epsilon))
+                "rehearsal_of": pr.rehearsal_of},
+        rehearsed=rehearsed, rehearsal_basis=basis)
 
 
 def _trained(config: TrialConfig) -> TrialConfig:
@@ -252,10 +258,10 @@ def _trained(config: TrialConfig) -> TrialConfig:
 def rehearsal_key(space: SearchSpace) -> str:
     """What a rehearsal (``planner.rehearsal``) was of: a digest of everything that decides the search and its
     final run — the searched distributions, the fixed and default configs, the privacy settings but the total ε
-    (rehearsed per ε), the searcher, the dataset's name, split and sizes (not where it lives or its split seed),
-    the planner's baseline and the layerwise-clipping section. The data's sizes enter (its training split's size as
-    known without reading it), not its name: whether a rehearsal's proxy is like the data is the space's
-    declaration (``planner.proxy``), as for every prior. Config only: nothing here is read from data."""
+    (rehearsed per ε), the searcher, the dataset's sizes (its training split's size as known without reading it,
+    validation and test sizes), the planner's baseline and the layerwise-clipping section. Not the data's name,
+    place or split seed: whether a rehearsal's proxy is like the data is the space's declaration
+    (``planner.proxy``), as for every prior. Config only: nothing here is read from data."""
     d = space.dataset
     privacy = sorted((f.name, repr(getattr(space.privacy, f.name))) for f in dataclasses.fields(space.privacy)
                      if f.name != "target_epsilon")
@@ -266,28 +272,19 @@ def rehearsal_key(space: SearchSpace) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def rehearsed_gain(rehearsal: dict[float, float], epsilon: float) -> float:
-    """The rehearsed gain at total ``epsilon``: linear in log ε between the rehearsed points, the nearest point's
-    value outside them."""
-    eps = sorted(rehearsal)
-    if epsilon <= eps[0]:
-        return rehearsal[eps[0]]
-    if epsilon >= eps[-1]:
-        return rehearsal[eps[-1]]
-    hi = next(i for i, e in enumerate(eps) if e >= epsilon)
-    a, b = eps[hi - 1], eps[hi]
-    w = math.log(epsilon / a) / math.log(b / a)
-    return (1 - w) * rehearsal[a] + w * rehearsal[b]
-
-
-def _rehearsal_span(rehearsal: dict[float, float], epsilon: float) -> str:
+def _rehearsed_gain(rehearsal: dict[float, float], epsilon: float) -> tuple[float, str]:
+    """The rehearsed gain at total ``epsilon`` — linear in log ε between the rehearsed points, the nearest point's
+    value outside them — and which of these it is."""
     eps = sorted(rehearsal)
     if epsilon in rehearsal:
-        return f"rehearsed at epsilon {epsilon:g}"
+        return rehearsal[epsilon], f"rehearsed at epsilon {epsilon:g}"
     if epsilon < eps[0] or epsilon > eps[-1]:
-        return f"outside the rehearsed epsilons {', '.join(f'{e:g}' for e in eps)}: the nearest one's"
-    hi = next(i for i, e in enumerate(eps) if e >= epsilon)
-    return f"interpolated between epsilon {eps[hi - 1]:g} and {eps[hi]:g}"
+        nearest = eps[0] if epsilon < eps[0] else eps[-1]
+        return rehearsal[nearest], f"outside the rehearsed epsilons {', '.join(f'{e:g}' for e in eps)}: the nearest one's"
+    hi = next(i for i, e in enumerate(eps) if e > epsilon)
+    a, b = eps[hi - 1], eps[hi]
+    w = math.log(epsilon / a) / math.log(b / a)
+    return (1 - w) * rehearsal[a] + w * rehearsal[b], f"interpolated between epsilon {a:g} and {b:g}"
 
 
 def _expected_best(space: SearchSpace, plan: Plan, tp: TransferPlan) -> tuple[float, float]:

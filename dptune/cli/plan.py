@@ -295,7 +295,8 @@ def _transfer_json(args: argparse.Namespace, space: SearchSpace, plan: Plan) -> 
             "final_n": p.final_n,
             "baseline": args.baseline or ("planner.baseline" if space.planner.baseline else "default"),
             "baseline_noise_multiplier": a.baseline_sigma, "noise_ratio": a.noise_ratio, "transfer": a.transfer,
-            "expected_gain": a.expected_gain, "proxy": a.proxy, "rehearsed": a.rehearsed, "pays": a.pays,
+            "expected_gain": a.expected_gain, "proxy": a.proxy, "rehearsed": a.rehearsed,
+            "rehearsal_basis": a.rehearsal_basis, "pays": a.pays,
             "verdict": a.verdict, "priors": {**a.priors, "min_gain": a.min_gain}}
 
 
