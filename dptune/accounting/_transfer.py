@@ -217,16 +217,7 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         plan = plan_search(space, n_train, compare=False)
         tp = plan_transfer(space, plan, final_n=final_n)
     d = baseline or space.baseline
-    # a rehearsal holds only for the search it rehearsed, priced against the baseline it ran
-    rehearsed, basis = None, ""
-    if pr.rehearsal is not None:
-        if (rehearsal_key(space) != pr.rehearsal_of or _trained(d) != _trained(space.baseline)
-                or plan.stopping != rule_of(space.privacy)  # a what-if stopping rule
-                or n_train != nominal_train_size(space.dataset)):
-            basis = ("the space's rehearsal (planner.rehearsal) is of another search or baseline, so the analytic "
-                     "model judges")
-        else:
-            rehearsed, basis = _rehearsed_gain(pr.rehearsal, p.target_epsilon)
+    rehearsed, basis = _rehearsal_for(space, plan, d, n_train)
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
                                          steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)
@@ -248,6 +239,21 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy, "rehearsal": pr.rehearsal,
                 "rehearsal_of": pr.rehearsal_of},
         rehearsed=rehearsed, rehearsal_basis=basis)
+
+
+def _rehearsal_for(space: SearchSpace, plan: Plan, baseline: TrialConfig, n_train: int) -> tuple[float | None, str]:
+    """The space's rehearsed gain at its target ε and where it comes from; ``None`` (and why) when its rehearsal
+    does not apply: a rehearsal holds only for the search it rehearsed, priced against the baseline it ran."""
+    pr, p = space.planner, space.privacy
+    if pr.rehearsal is None:
+        return None, ""
+    if (rehearsal_key(space) != pr.rehearsal_of or _trained(baseline) != _trained(space.baseline)
+            or plan.stopping != rule_of(p)  # a what-if stopping rule
+            or n_train != nominal_train_size(space.dataset)):
+        return None, ("the space's rehearsal (planner.rehearsal) is of another search or baseline, so the analytic "
+                      "model judges")
+    assert p.target_epsilon is not None
+    return _rehearsed_gain(pr.rehearsal, p.target_epsilon)
 
 
 def _trained(config: TrialConfig) -> TrialConfig:
