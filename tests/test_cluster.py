@@ -102,6 +102,7 @@ def net(num_classes, input_shape, groups, width=8):
 '''
 
 
+@pytest.mark.slow  # CI runs it (make test-slow): the default suite stays well under 15 min
 @pytest.mark.parametrize("layout", ["package", "file"])
 def test_a_factory_model_only_the_driver_can_import_runs_on_both_nodes(cluster: Cluster, tmp_path: Path,
                                                                        layout: str) -> None:

@@ -74,6 +74,7 @@ def _popen(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+@pytest.mark.slow  # CI runs it (make test-slow): the default suite stays well under 15 min
 def test_killed_trial_process_resumes_the_same_trial(tmp_path: Path, reference: Path,
                                                     isolated_env: dict[str, str]) -> None:
     proc = _popen(_args(tmp_path, "killtrial"), isolated_env)

@@ -107,6 +107,7 @@ def test_a_diverging_final_training_records_its_charge_and_says_so(runs: dict[st
     assert [c.token for c in bound] == cert.tokens() and bound[-1].token == charges[-1].token
 
 
+@pytest.mark.slow  # CI runs it (make test-slow): the default suite stays well under 15 min
 def test_use_best_checkpoint_exports_a_scaled_searcher_release(tmp_path: Path) -> None:
     """Issue 22 item 26: the scaled searcher releases the final run's settings (σ_f, lr·σ rule) while its best
     checkpoint ran at the cheap σ_c with lr = L·σ_f/σ_c; the export checks the checkpoint against that and

@@ -65,6 +65,7 @@ def _finished_the_draw(cwd: Path, name: str) -> None:
     assert [c.status for c in Ledger(cwd / "ledger.sqlite").charges()] == ["committed"]
 
 
+@pytest.mark.slow  # CI runs it (make test-slow): the default suite stays well under 15 min
 def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_cli(tmp_path: Path,
                                                                     isolated_env: dict[str, str]) -> None:
     """Item 20: the very command the interrupt prints works with the default, relative runs directory."""
@@ -110,6 +111,7 @@ def test_resume_after_ctrl_c_from_the_default_relative_runs_dir_api(tmp_path: Pa
     _finished_the_draw(tmp_path, "relapi")
 
 
+@pytest.mark.slow  # CI runs it (make test-slow): the default suite stays well under 15 min
 def test_a_lost_worker_prints_one_fixed_line_and_no_trial_index(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """Item 16: Ray Tune's ERROR lines (``Trial task failed for trial dptune_trial_77dbd_00001``) named trials by
     their index in the sealed draw. Now Ray's and Tune's log records go to sealed/logs/ray.log, trials have
