@@ -25,12 +25,10 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness.proxy import carried, proxy_data
 
-from proxy_priors import carried, proxy_data  # noqa: E402
-
-from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps  # noqa: E402
-from dptune.config import load_space, nominal_train_size  # noqa: E402
+from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps
+from dptune.config import load_space, nominal_train_size
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

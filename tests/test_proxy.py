@@ -21,10 +21,10 @@ def _bench():  # type: ignore[no-untyped-def]
     pytest.importorskip("mlxtend")
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import proxy_priors
+        from harness import proxy
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    return proxy_priors
+    return proxy
 
 
 def _proxy(seed: int):  # type: ignore[no-untyped-def]
