@@ -16,7 +16,6 @@ each point's mean difference to the baseline beside the target's, read from ``tu
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -25,9 +24,9 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from harness.proxy import carried, proxy_data
+from harness.context import parse_grid, parse_seeds
+from harness.proxy import merged, proxy_data, whole_budget
 
-from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps
 from dptune.config import load_space, nominal_train_size
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -37,24 +36,14 @@ def point(space_path: str, proxy: str, grid: tuple[tuple[int, float], ...], i: i
     """Test accuracy on the proxy's split ``seed`` of grid point ``i`` (0: the baseline) trained once with ``eps``."""
     import torch
 
-    from dptune.dpsgd import run_trial
-
     torch.set_num_threads(1)
     space = load_space(space_path)
     n_final_s = (nominal_train_size(space.dataset) or 0) + space.dataset.validation_size
-    data = proxy_data(proxy, seed)
-    merged = dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
-                                              torch.cat([data.train[1], data.val[1]])))
     cfg = space.baseline
     if i > 0:
         cfg = cfg.replace(batch_size=grid[i - 1][0], learning_rate=grid[i - 1][1])
-    steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=n_final_s)
-    sigma = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=cfg.batch_size, basis=n_final_s),
-                                       steps=steps, delta=space.privacy.delta, target_epsilon=eps)
-    ratio = len(merged.train[1]) / n_final_s
-    r = run_trial(carried(cfg.replace(noise_multiplier=sigma, seed=7 * seed + 1, score_noise=None), ratio, 1.0,
-                          own_model=proxy != "digits"), merged, evaluate_test=True)
-    return float(r.test_accuracy or 0.0)
+    return whole_budget(cfg, eps, merged(proxy_data(proxy, seed)), n_final_s, space.privacy.delta, seed,
+                        own_model=proxy != "digits")
 
 
 def target_rows(paths: str) -> dict[tuple[float, str], dict[int, float]]:
@@ -74,13 +63,6 @@ def _diff(acc: dict[int, float], base: dict[int, float]) -> str:
     return f"{statistics.mean(d):+.2f} ± {statistics.stdev(d) / len(d) ** 0.5:.2f} ({len(d)})"
 
 
-def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        lo, hi = text.split("-")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--space", required=True)
@@ -92,8 +74,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--out", help="the report (default bench/results/proxy_fidelity_<space>.md)")
     args = p.parse_args(argv)
-    grid = tuple((int(b), float(lr)) for b, lr in (x.split(":") for x in args.grid.split(",")))
-    seeds, epsilons = _seeds(args.seeds), [float(e) for e in args.epsilons.split(",")]
+    grid = parse_grid(args.grid)
+    seeds, epsilons = parse_seeds(args.seeds), [float(e) for e in args.epsilons.split(",")]
     space = load_space(args.space)
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:

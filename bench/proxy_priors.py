@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness.proxy import DIGITS, carried, proxy_data
+from harness.proxy import DIGITS, carried, merged, proxy_data, whole_budget
 
 from dptune.accounting import calibrate_noise_multiplier, rehearsal_key, sampling_rate, trial_steps
 from dptune.config import SearchSpace, load_space, nominal_train_size
@@ -92,12 +92,11 @@ def train(cfg: Any, eps: float, seed: int, sigma_scale: float = 1.0) -> float:
 
     torch.set_num_threads(1)
     data = load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
-    merged = dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
-                                              torch.cat([data.train[1], data.val[1]])))
     q = sampling_rate(batch_size=cfg.batch_size, basis=N_FINAL)
     steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=N_FINAL)
     sigma = calibrate_noise_multiplier([], sampling_rate=q, steps=steps, delta=1e-5, target_epsilon=eps)
-    r = run_trial(cfg.replace(noise_multiplier=sigma * sigma_scale, seed=7 * seed + 1), merged, evaluate_test=True)
+    r = run_trial(cfg.replace(noise_multiplier=sigma * sigma_scale, seed=7 * seed + 1), merged(data),
+                  evaluate_test=True)
     return float(r.test_accuracy or 0.0)
 
 
@@ -117,8 +116,7 @@ def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits", vali
     data = proxy_data(proxy, seed, validation)
     own = proxy != "digits"
     n_train_d, n_val_d = len(data.train[1]), len(data.val[1])
-    merged = dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
-                                              torch.cat([data.train[1], data.val[1]])))
+    final_data = merged(data)
     plan = plan_search(space, n_train_s, compare=False)
     tp = plan_transfer(space, plan, final_n=n_final_s)
 
@@ -132,15 +130,10 @@ def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits", vali
                                        score_scale=n_val_d / n_val_s)
     final = space.fixed.replace(**params, seed=7 * seed + 1, score_noise=None)  # σ_f and lr L as released
     ratio = (n_train_d + n_val_d) / n_final_s
-    got = run_trial(carried(final, ratio, 1.0, own), merged, evaluate_test=True)
-    d = space.baseline
-    steps = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=n_final_s)
-    sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=n_final_s),
-                                         steps=steps, delta=space.privacy.delta, target_epsilon=eps)
-    base = run_trial(carried(d.replace(noise_multiplier=sigma_a, seed=7 * seed + 1, score_noise=None), ratio, 1.0,
-                             own), merged, evaluate_test=True)
+    got = run_trial(carried(final, ratio, 1.0, own), final_data, evaluate_test=True)
+    base = whole_budget(space.baseline, eps, final_data, n_final_s, space.privacy.delta, seed, own)
     return {"epsilon": eps, "seed": seed, "k": draw.k, "released": params, "search": float(got.test_accuracy or 0),
-            "baseline": float(base.test_accuracy or 0), "trials": [t["val_raw"] for t in trials],
+            "baseline": base, "trials": [t["val_raw"] for t in trials],
             "trial_params": [t["params"] for t in trials], "trial_scores": [t["score"] for t in trials]}
 
 
@@ -157,7 +150,8 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
         epsilons = [float(e) for e in args.epsilons.split(",")]
         seeds = [int(s) for s in args.seeds.split(",")]
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
-            futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy, args.proxy_validation) for e in epsilons for s in seeds}
+            futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy, args.proxy_validation)
+                    for e in epsilons for s in seeds}
             rows = {k: f.result() for k, f in futs.items()}
     cmd = " ".join(["python", "bench/proxy_priors.py", *argv])
     text = rehearsal_report(space, rows, cmd, (time.time() - t0) / 60, PROXY_NAMES[args.proxy])

