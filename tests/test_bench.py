@@ -5,7 +5,9 @@ check runs for real (digits, 1 epoch, one row) and its report and records are re
 from __future__ import annotations
 
 import ast
+import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -143,3 +145,33 @@ def test_quick_smoke_run_writes_a_real_report(tmp_path: Path) -> None:
     assert records["d"]["subsample_n"] < 1257  # the subsample search ran on a Poisson subsample
     table = [line for line in text.splitlines() if line.startswith("| 4 | (")]
     assert len(table) == 5  # (a), (a2), (b), (c), (d)
+
+
+def test_simulated_rehearsal_goes_through_the_real_draw_and_selection(tmp_path: Path) -> None:
+    """``bench/rehearsal_sim.py --from-json`` on a hand-made grid for mnist.yaml at total ε 2: every B 1024 config
+    validates at 90 % and releases a 100 % model, every B 256 one 50 % and 80 % (so does the default, and the
+    baseline is 80 %). Score noise 0.02 cannot flip 0.9 against 0.5, so B 1024 is released exactly when the
+    draw has one: P = 1 − E[0.5^K] = 1 − e^(−3/2) for K ~ Poisson(3), and the gain is 0.2 × P."""
+    space = ROOT / "search_spaces" / "mnist.yaml"
+    rows: list[dict[str, object]] = [{"epsilon": 2.0, "seed": 100, "kind": "baseline", "params": {}, "test": 0.8}]
+    for b, g, e, lr in itertools.product([256, 1024], [4, 8], [5, 10], [0.4, 0.8, 1.6, 3.2]):
+        params = {"batch_size": b, "groups": g, "epochs": e, "learning_rate": lr}
+        big = b == 1024
+        rows += [{"epsilon": 2.0, "seed": 100, "kind": "trial", "params": params, "val": 0.9 if big else 0.5,
+                  "diverged": False},
+                 {"epsilon": 2.0, "seed": 100, "kind": "final", "params": params, "test": 1.0 if big else 0.8,
+                  "diverged": False}]
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps(rows))
+    out = tmp_path / "sim.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "bench/rehearsal_sim.py", "--space", str(space), "--from-json", str(grid),
+                          "--draws", "3000", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| 2 | 100 |")).split("|")
+    k, p_big, gain = float(row[4]), float(row[5]), float(row[6]) / 100
+    expected = 1 - math.exp(-1.5)
+    assert abs(k - 3) < 4 * math.sqrt(3 / 3000), k
+    assert abs(p_big - expected) < 4 * math.sqrt(expected * (1 - expected) / 3000), p_big
+    assert abs(gain - 0.2 * p_big) < 0.002, (gain, p_big)
