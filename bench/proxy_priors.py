@@ -57,7 +57,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness.proxy import DIGITS, carried, merged, proxy_data, whole_budget
+from harness.context import parse_seeds
+from harness.proxy import DIGITS, carried, final_run, merged, proxy_data, whole_budget
 
 from dptune.accounting import calibrate_noise_multiplier, rehearsal_key, sampling_rate, trial_steps
 from dptune.config import SearchSpace, load_space, nominal_train_size
@@ -128,9 +129,7 @@ def rehearse(space_path: str, eps: float, seed: int, proxy: str = "digits", vali
     key = 1_000_003 * seed + round(100 * eps) + sum(map(ord, space.name))  # public: rehearsal draws are not secret
     draw, trials, params = search_once(space, plan, tp, key, trial, n_train_s, n_val_s, select_key=key + 1,
                                        score_scale=n_val_d / n_val_s)
-    final = space.fixed.replace(**params, seed=7 * seed + 1, score_noise=None)  # σ_f and lr L as released
-    ratio = (n_train_d + n_val_d) / n_final_s
-    got = run_trial(carried(final, ratio, 1.0, own), final_data, evaluate_test=True)
+    got = final_run(space.fixed.replace(**params), final_data, n_final_s, seed, own)  # σ_f and lr L as released
     base = whole_budget(space.baseline, eps, final_data, n_final_s, space.privacy.delta, seed, own)
     return {"epsilon": eps, "seed": seed, "k": draw.k, "released": params, "search": float(got.test_accuracy or 0),
             "baseline": base, "trials": [t["val_raw"] for t in trials],
@@ -148,7 +147,7 @@ def main_rehearse(args: argparse.Namespace, argv: list[str]) -> int:
         rows = {(float(r["epsilon"]), int(r["seed"])): r for r in recs}
     else:
         epsilons = [float(e) for e in args.epsilons.split(",")]
-        seeds = [int(s) for s in args.seeds.split(",")]
+        seeds = parse_seeds(args.seeds)
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
             futs = {(e, s): ex.submit(rehearse, args.space, e, s, args.proxy, args.proxy_validation)
                     for e in epsilons for s in seeds}

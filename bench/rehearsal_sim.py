@@ -44,16 +44,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness.proxy import carried, merged, proxy_data, whole_budget
+from harness.context import parse_seeds
+from harness.proxy import carried, final_run, merged, proxy_data, whole_budget
 
 from dptune.accounting import plan_search, plan_transfer, rehearsal_key
 from dptune.config import SearchSpace, load_space, nominal_train_size
 from dptune.searchers import searcher
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TRIAL_SEED, FINAL_SEED = 11, 7  # a grid run's seed: X·seed + 1 (public: the proxy is public)
+TRIAL_SEED = 11  # a grid trial's seed: 11·seed + 1; final runs 7·seed + 1 (harness.proxy.final_run; public)
 
 
+@functools.cache  # per process: planning the charge takes 2-7 s, and every run needs it
 def space_at(path: str, eps: float) -> tuple[SearchSpace, Any, Any, int, int]:
     space = load_space(path).with_privacy(target_epsilon=eps)
     n_train = nominal_train_size(space.dataset)
@@ -117,9 +119,8 @@ def run_point(path: str, eps: float, seed: int, params: dict[str, Any], kind: st
     else:
         row = TrialRow(index=0, params=dict(params), seed="", score=0.5, val_accuracy_raw=0.5)
         rel, _ = released_params(space, row, n_train_s, transfer=tp)
-        cfg = space.fixed.replace(**rel, seed=FINAL_SEED * seed + 1, score_noise=None)
-        r = run_trial(carried(cfg, (n_train_d + n_val_d) / (n_train_s + n_val_s), 1.0, own), merged(data),
-                      evaluate_test=True)
+        cfg = space.fixed.replace(**rel)
+        r = final_run(cfg, merged(data), n_train_s + n_val_s, seed, own)
         out.update(test=float(r.test_accuracy or 0.0), diverged=bool(r.diverged), lr=cfg.learning_rate,
                    sigma=cfg.noise_multiplier)
     out["seconds"] = round(time.time() - t0, 1)
@@ -130,7 +131,7 @@ class Table:
     """A grid's accuracies for one (ε, seed), read off at any config (linear in log of the float dimension)."""
 
     def __init__(self, rows: list[dict[str, Any]], fk: str | None, value: str):
-        self.fk, self.value = fk, value
+        self.fk = fk
         self.curves: dict[tuple[Any, ...], list[tuple[float, float, bool]]] = {}
         for r in rows:
             x = math.log(r["params"][fk]) if fk else 0.0
@@ -163,6 +164,7 @@ def simulate(path: str, eps: float, seed: int, rows: list[dict[str, Any]], draws
     finals = Table([r for r in mine if r["kind"] == "final"], fk, "test")
     base = next(r["test"] for r in mine if r["kind"] == "baseline")
     sn = float(space.privacy.score_noise or 0.0) / n_val
+    largest = max(getattr(space.space.get("batch_size"), "choices", [0]))
     gains, ks, big = [], [], []
     for j in range(draws):
         rng = np.random.default_rng([seed, round(100 * eps), j])
@@ -177,7 +179,7 @@ def simulate(path: str, eps: float, seed: int, rows: list[dict[str, Any]], draws
         test, _ = finals.at({k: params[k] for k in space.space})
         gains.append(test - base)
         ks.append(draw.k)
-        big.append(params.get("batch_size", 0) == max(getattr(space.space.get("batch_size"), "choices", [0])))
+        big.append(params.get("batch_size", 0) == largest)
     return {"epsilon": eps, "seed": seed, "gain": float(np.mean(gains)), "k": float(np.mean(ks)),
             "largest_batch": float(np.mean(big)), "baseline": base,
             "quantiles": [float(q) for q in np.quantile(gains, [0.1, 0.5, 0.9])]}
@@ -223,10 +225,12 @@ def report(space: SearchSpace, sims: list[dict[str, Any]], rows: list[dict[str, 
         lines.append(f"| {e:g} | {len(g)} | {100 * means[e]:+.2f} | {100 * se:.2f} |")
     lines += ["", "The proxy's grid (accuracy %, trial validation / final test):", "",
               "| ε | seed | config | trial val | final test |", "|---|---|---|---|---|"]
-    finals = {(r["epsilon"], r["seed"], json.dumps(r["params"], sort_keys=True)): r for r in rows if r["kind"] == "final"}
-    for r in sorted((r for r in rows if r["kind"] == "trial"), key=lambda r: (r["epsilon"], r["seed"],
-                                                                               json.dumps(r["params"], sort_keys=True))):
-        f = finals.get((r["epsilon"], r["seed"], json.dumps(r["params"], sort_keys=True)))
+    def cell(r: dict[str, Any]) -> tuple[float, int, str]:
+        return r["epsilon"], r["seed"], json.dumps(r["params"], sort_keys=True)
+
+    finals = {cell(r): r for r in rows if r["kind"] == "final"}
+    for r in sorted((r for r in rows if r["kind"] == "trial"), key=cell):
+        f = finals.get(cell(r))
         shown = ", ".join(f"{k} {v:g}" for k, v in sorted(r["params"].items()))
         lines.append(f"| {r['epsilon']:g} | {r['seed']} | {shown} | {100 * r['val']:.1f}{' (div)' * r['diverged']} | "
                      + (f"{100 * f['test']:.1f}" if f else "–") + " |")
@@ -257,7 +261,7 @@ def main(argv: list[str]) -> int:
     if args.from_json:
         rows = [r for f in args.from_json.split(",") for r in json.loads(Path(f).read_text())]
     else:
-        rows = train_grid(args, [float(e) for e in args.epsilons.split(",")], [int(s) for s in args.seeds.split(",")])
+        rows = train_grid(args, [float(e) for e in args.epsilons.split(",")], parse_seeds(args.seeds))
     cells = sorted({(r["epsilon"], r["seed"]) for r in rows})
     sims = [simulate(args.space, e, s, rows, args.draws) for e, s in cells]
     out = Path(args.out) if args.out else RESULTS / f"sim_{space.name}.md"

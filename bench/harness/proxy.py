@@ -83,12 +83,19 @@ def whole_budget(cfg: Any, eps: float, final: Any, n_final: int, delta: float, s
     """Test accuracy of the target-data config ``cfg`` trained once with the whole ``eps`` on the proxy's train ∪
     validation ``final``: σ calibrated for the target's q and steps (``n_final`` examples), then carried."""
     from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps
-    from dptune.dpsgd import run_trial
 
     steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=n_final)
     sigma = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=cfg.batch_size, basis=n_final),
                                        steps=steps, delta=delta, target_epsilon=eps)
+    return float(final_run(cfg.replace(noise_multiplier=sigma), final, n_final, seed, own_model).test_accuracy or 0.0)
+
+
+def final_run(cfg: Any, final: Any, n_final: int, seed: int, own_model: bool) -> Any:
+    """The target-data final run ``cfg`` (its σ and lr as it would train on ``n_final`` target examples) carried to
+    the proxy's train ∪ validation ``final`` (same q and update noise), final-run seed 7·``seed`` + 1, no score,
+    test accuracy evaluated: its ``TrialResult``."""
+    from dptune.dpsgd import run_trial
+
     ratio = len(final.train[1]) / n_final
-    r = run_trial(carried(cfg.replace(noise_multiplier=sigma, seed=7 * seed + 1, score_noise=None), ratio, 1.0,
-                          own_model), final, evaluate_test=True)
-    return float(r.test_accuracy or 0.0)
+    return run_trial(carried(cfg.replace(seed=7 * seed + 1, score_noise=None), ratio, 1.0, own_model), final,
+                     evaluate_test=True)
