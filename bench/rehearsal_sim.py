@@ -26,7 +26,7 @@ scores of a trial read from one validation split.
     python bench/rehearsal_sim.py --space search_spaces/mnist.yaml --proxy mnist-public --seeds 100,101,102 \
         --epsilons 1,2,4 --lrs 4 --draws 2000 --jobs 2 --out bench/results/sim_mnist.md
 
-``--from-json`` re-simulates from a run's records (the grid's accuracies) without training.
+``--from-json`` re-simulates from a run's records (the grid's accuracies) without training, and writes only the report.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--draws", type=int, default=2000, help="simulated searches per (ε, seed)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--from-json", help="re-simulate from these comma-separated records files; nothing trains")
-    p.add_argument("--out", help="the report (default bench/results/sim_<space>.md; records beside it as .json)")
+    p.add_argument("--out", help="the report (default bench/results/sim_<space>.md; a trained grid's records beside it as .json)")
     args = p.parse_args(argv)
     space = load_space(args.space)
     if nominal_train_size(space.dataset) is None or not space.transfers:
@@ -267,7 +267,8 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else RESULTS / f"sim_{space.name}.md"
     text = report(space, sims, rows, " ".join(["python", "bench/rehearsal_sim.py", *argv]), (time.time() - t0) / 60)
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    if not args.from_json:  # the records of a re-simulation are its --from-json files, named in its command
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     print(text)
     return 0
 

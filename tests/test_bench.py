@@ -169,6 +169,7 @@ def test_simulated_rehearsal_goes_through_the_real_draw_and_selection(tmp_path: 
                           "--draws", "3000", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert not out.with_suffix(".json").exists()  # a re-simulation's records are its --from-json files
     row = next(line for line in out.read_text().splitlines() if line.startswith("| 2 | 100 |")).split("|")
     k, p_big, gain = float(row[4]), float(row[5]), float(row[6]) / 100
     expected = 1 - math.exp(-1.5)
