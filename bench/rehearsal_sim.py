@@ -26,19 +26,22 @@ scores of a trial read from one validation split.
     python bench/rehearsal_sim.py --space search_spaces/mnist.yaml --proxy mnist-public --seeds 100,101,102 \
         --epsilons 1,2,4 --lrs 4 --draws 2000 --jobs 2 --out bench/results/sim_mnist.md
 
-``--from-json`` re-simulates from a run's records (the grid's accuracies) without training, and writes only the report.
+``--from-json`` re-simulates from a run's records (the grid's accuracies) without training, and writes only the report;
+a space that fixes a value a wider space searched (epochs 10 of 5 or 10) reads the wider grid's records at it.
+``--stream`` appends each record as it finishes, ``--have`` skips the runs a cut-short run already recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
 import math
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -151,6 +154,17 @@ class Table:
         return float(np.interp(x, xs, ys)), nearest[2]
 
 
+def of_space(space: SearchSpace, row: dict[str, Any]) -> dict[str, Any] | None:
+    """A grid record as a point of ``space``: its params cut to the searched keys, or None where it ran another
+    value of one the space fixes (a record of a wider space, e.g. epochs 5 where the space fixes 10)."""
+    if row["kind"] == "baseline":
+        return row
+    params = row["params"]
+    if any(getattr(space.fixed, k) != v for k, v in params.items() if k not in space.space):
+        return None
+    return {**row, "params": {k: v for k, v in params.items() if k in space.space}}
+
+
 def simulate(path: str, eps: float, seed: int, rows: list[dict[str, Any]], draws: int) -> dict[str, Any]:
     """``draws`` searches of the space at total ``eps`` on one proxy seed's grid: their gains over the baseline."""
     import optuna
@@ -159,7 +173,7 @@ def simulate(path: str, eps: float, seed: int, rows: list[dict[str, Any]], draws
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space, plan, tp, n_train, n_val = space_at(path, eps)
     fk = float_key(space)
-    mine = [r for r in rows if r["epsilon"] == eps and r["seed"] == seed]
+    mine = [p for r in rows if r["epsilon"] == eps and r["seed"] == seed and (p := of_space(space, r)) is not None]
     trials = Table([r for r in mine if r["kind"] == "trial"], fk, "val")
     finals = Table([r for r in mine if r["kind"] == "final"], fk, "test")
     base = next(r["test"] for r in mine if r["kind"] == "baseline")
@@ -186,7 +200,7 @@ def simulate(path: str, eps: float, seed: int, rows: list[dict[str, Any]], draws
 
 
 def train_grid(args: argparse.Namespace, epsilons: list[float], seeds: list[int]) -> list[dict[str, Any]]:
-    jobs = []
+    jobs: list[tuple[float, int, dict[str, Any], str]] = []
     for eps in epsilons:
         space = space_at(args.space, eps)[0]
         pts = grid(space, args.lrs)
@@ -195,11 +209,34 @@ def train_grid(args: argparse.Namespace, epsilons: list[float], seeds: list[int]
         for s in seeds:
             jobs += [(eps, s, {}, "baseline")] + [(eps, s, p, "trial") for p in pts]
             jobs += [(eps, s, p, "final") for p in finals]
-    print(f"{len(jobs)} proxy runs", flush=True)
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex:
+    have = read_records(args.have) if args.have else []
+    done = {_job_key(r["epsilon"], r["seed"], r["params"], r["kind"]) for r in have}
+    jobs = [j for j in jobs if _job_key(*j) not in done]
+    print(f"{len(jobs)} proxy runs ({len(have)} records given)", flush=True)
+    out = [r for r in have if r["epsilon"] in epsilons and r["seed"] in seeds]
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex, \
+            open(args.stream, "a") if args.stream else contextlib.nullcontext() as stream:
         futs = [ex.submit(run_point, args.space, e, s, p, k, args.proxy, args.proxy_validation)
                 for e, s, p, k in jobs]
-        return [f.result() for f in futs]
+        for f in as_completed(futs):  # each record as it finishes: a run cut short keeps what it trained
+            out.append(f.result())
+            if stream is not None:
+                stream.write(json.dumps(out[-1]) + "\n")
+                stream.flush()
+    return out
+
+
+def _job_key(eps: float, seed: int, params: dict[str, Any], kind: str) -> tuple[Any, ...]:
+    return float(eps), int(seed), kind, json.dumps(params, sort_keys=True)
+
+
+def read_records(files: str) -> list[dict[str, Any]]:
+    """Records from comma-separated files: a JSON list, or one JSON record per line (``--stream``)."""
+    rows: list[dict[str, Any]] = []
+    for f in files.split(","):
+        text = Path(f).read_text()
+        rows += json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x]
+    return rows
 
 
 def report(space: SearchSpace, sims: list[dict[str, Any]], rows: list[dict[str, Any]], cmd: str,
@@ -247,9 +284,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seeds", default="100,101,102", help="proxy split seeds")
     p.add_argument("--epsilons", default="1,2,4")
     p.add_argument("--lrs", type=int, default=4, help="grid points over the float dimension (log-spaced)")
-    p.add_argument("--draws", type=int, default=2000, help="simulated searches per (ε, seed)")
+    p.add_argument("--draws", type=int, default=2000, help="simulated searches per (ε, seed); 0: train the grid only")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--from-json", help="re-simulate from these comma-separated records files; nothing trains")
+    p.add_argument("--have", help="records files already trained: their runs are not repeated, their records kept")
+    p.add_argument("--stream", help="append each record to this file (one JSON per line) as it finishes")
     p.add_argument("--out", help="the report (default bench/results/sim_<space>.md; a trained grid's records beside it as .json)")
     args = p.parse_args(argv)
     space = load_space(args.space)
@@ -259,12 +298,15 @@ def main(argv: list[str]) -> int:
     float_key(space)
     t0 = time.time()
     if args.from_json:
-        rows = [r for f in args.from_json.split(",") for r in json.loads(Path(f).read_text())]
+        rows = read_records(args.from_json)
     else:
         rows = train_grid(args, [float(e) for e in args.epsilons.split(",")], parse_seeds(args.seeds))
+    out = Path(args.out) if args.out else RESULTS / f"sim_{space.name}.md"
+    if args.draws == 0:  # train only (e.g. on a machine with more cores): the records, simulated later
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        return 0
     cells = sorted({(r["epsilon"], r["seed"]) for r in rows})
     sims = [simulate(args.space, e, s, rows, args.draws) for e, s in cells]
-    out = Path(args.out) if args.out else RESULTS / f"sim_{space.name}.md"
     text = report(space, sims, rows, " ".join(["python", "bench/rehearsal_sim.py", *argv]), (time.time() - t0) / 60)
     out.write_text(text)
     if not args.from_json:  # the records of a re-simulation are its --from-json files, named in its command

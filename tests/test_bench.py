@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dptune.config import load_space
 from tests.test_architecture import import_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,16 +152,17 @@ def test_simulated_rehearsal_goes_through_the_real_draw_and_selection(tmp_path: 
     """``bench/rehearsal_sim.py --from-json`` on a hand-made grid for mnist.yaml at total ε 2: every B 1024 config
     validates at 90 % and releases a 100 % model, every B 256 one 50 % and 80 % (so does the default, and the
     baseline is 80 %). Score noise 0.02 cannot flip 0.9 against 0.5, so B 1024 is released exactly when the
-    draw has one: P = 1 − E[0.5^K] = 1 − e^(−3/2) for K ~ Poisson(3), and the gain is 0.2 × P."""
+    draw has one: P = 1 − E[0.5^K] = 1 − e^(−3/2) for K ~ Poisson(3), and the gain is 0.2 × P. The grid is of
+    a wider space (epochs 5 too, where B 256 would win): mnist.yaml fixes epochs 10 and reads only those."""
     space = ROOT / "search_spaces" / "mnist.yaml"
     rows: list[dict[str, object]] = [{"epsilon": 2.0, "seed": 100, "kind": "baseline", "params": {}, "test": 0.8}]
     for b, g, e, lr in itertools.product([256, 1024], [4, 8], [5, 10], [0.4, 0.8, 1.6, 3.2]):
         params = {"batch_size": b, "groups": g, "epochs": e, "learning_rate": lr}
-        big = b == 1024
-        rows += [{"epsilon": 2.0, "seed": 100, "kind": "trial", "params": params, "val": 0.9 if big else 0.5,
-                  "diverged": False},
-                 {"epsilon": 2.0, "seed": 100, "kind": "final", "params": params, "test": 1.0 if big else 0.8,
-                  "diverged": False}]
+        big, other = b == 1024, e != 10  # epochs 5: a point the space does not reach, made to decide if read
+        rows += [{"epsilon": 2.0, "seed": 100, "kind": "trial", "params": params,
+                  "val": 0.99 if other and not big else 0.9 if big else 0.5, "diverged": False},
+                 {"epsilon": 2.0, "seed": 100, "kind": "final", "params": params,
+                  "test": 0.0 if other else 1.0 if big else 0.8, "diverged": False}]
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps(rows))
     out = tmp_path / "sim.md"
@@ -176,3 +178,26 @@ def test_simulated_rehearsal_goes_through_the_real_draw_and_selection(tmp_path: 
     assert abs(k - 3) < 4 * math.sqrt(3 / 3000), k
     assert abs(p_big - expected) < 4 * math.sqrt(expected * (1 - expected) / 3000), p_big
     assert abs(gain - 0.2 * p_big) < 0.002, (gain, p_big)
+
+
+def test_a_grid_run_skips_what_was_recorded_and_trains_only_without_draws(tmp_path: Path) -> None:
+    """``--have`` (records of a run cut short) leaves only the missing runs: given every record of mnist.yaml's
+    grid at ε 2 (3 lrs), nothing trains, and ``--draws 0`` writes the records and simulates nothing."""
+    space = load_space(ROOT / "search_spaces" / "mnist.yaml")
+    lrs = [0.8, 1.6, 3.2]
+    have = [{"epsilon": 2.0, "seed": 100, "kind": "baseline", "params": {}, "test": 0.8}]
+    for b, g, lr in itertools.product([256, 1024], [4, 8], lrs):
+        params = {"learning_rate": lr, "batch_size": b, "groups": g}
+        have += [{"epsilon": 2.0, "seed": 100, "kind": k, "params": params, "val": 0.5, "test": 0.5,
+                  "diverged": False} for k in ("trial", "final")]
+    assert set(space.space) == {"learning_rate", "batch_size", "groups"}
+    lines = tmp_path / "have.jsonl"
+    lines.write_text("".join(json.dumps(r) + "\n" for r in have))
+    out = tmp_path / "grid.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "bench/rehearsal_sim.py", "--space", "search_spaces/mnist.yaml",
+                          "--seeds", "100", "--epsilons", "2", "--lrs", "3", "--draws", "0", "--have", str(lines),
+                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "0 proxy runs (25 records given)" in res.stdout
+    assert json.loads(out.with_suffix(".json").read_text()) == have and not out.exists()
