@@ -9,8 +9,9 @@ sizes, path), model, fixed settings and δ come from the space file. Modes (``ha
                   final training; the whole budget to the search; the search on a subsample (harness/fixed_sigma.py)
   s, n (+ f)      issue 13: Panda et al.'s linear scaling rule; the noise-scaled rule (harness/scaled_rules.py)
   search          the --space's own search as `dptune search` runs it, then the final run `dptune train` trains
-  R, R2, T, T2, S, A  issue 21: the MNIST spaces' searches (mnist.yaml and mnist_tpe.yaml first version and shipped,
-                  mnist_scaled.yaml, mnist_alc.yaml), each a space file beside --space (harness/searches.py)
+  R, R2, R3, T, T2, T3, S, A  issue 21: the MNIST spaces' searches (mnist.yaml and mnist_tpe.yaml: first, second
+                  and shipped third version; mnist_scaled.yaml, mnist_alc.yaml), each a space file beside --space
+                  (harness/searches.py)
   m, g            issue 13: the lr-only scaled searcher with its noisy max, and with a Gaussian score per trial
 
 Run from the repository root (dptune importable: the editable install, or PYTHONPATH=.):
@@ -18,8 +19,8 @@ Run from the repository root (dptune importable: the editable install, or PYTHON
     python bench/tuning_value.py --quick                 # smoke check: digits, 1 epoch, ε 4, one row (not a result)
     python bench/tuning_value.py --space search_spaces/digits_tuning_value.yaml --modes a2,b,c,d --seeds 0-4 \\
         --epsilons 2,4,1 --out bench/results/tuning_value.md                      # issue 7 (~35 min on 2 cores)
-    python bench/tuning_value.py --space search_spaces/mnist.yaml --modes R2,T,S --seeds 29-32 --epsilons 2,4,1 \\
-        --grid 256:0.4,256:1.6,1024:3.2 --out bench/results/tuning_value_transfer_fresh.md   # issue 21
+    python bench/tuning_value.py --space search_spaces/mnist.yaml --modes R3,T3,S --seeds 65-68 --epsilons 1,2,4 \\
+        --grid 256:0.4,256:1.6,1024:3.2 --verdicts --out bench/results/tuning_value_profile_fresh11.md   # issue 21
     python bench/tuning_value.py --space search_spaces/mnist.yaml --modes T,S --seeds 21-24,29-32 \\
         --grid 256:0.4,256:1.6,1024:3.2 --from-json A.json,B.json --out P.md   # pool earlier records, no training
 
