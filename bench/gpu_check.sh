@@ -36,6 +36,7 @@ for stage in $STAGES; do
            timeout 240 python3 -m dptune.search --space search_spaces/mnist.yaml --tune-anyway --name gpu-mnist \
              --ledger runs/ledger.sqlite --budget-epsilon 2 --num-cpus 16 --gpus-per-trial auto > "$OUT/search_mnist.log" 2>&1
            echo "search rc=$? ${SECONDS}s"; grep -v -i warn "$OUT/search_mnist.log" | tail -22
+           python3 -c "from dptune.trials import read_trials as r; print('mnist trial devices:', sorted({t.measured.get('device') for t in r('runs/gpu-mnist/sealed/trials.parquet')}))" 2>&1 | tail -1
            SECONDS=0; final "$OUT/search_mnist.log" 120 > "$OUT/train_mnist.log" 2>&1
            echo "train rc=$? ${SECONDS}s"; tail -12 "$OUT/train_mnist.log" ;;
     digits) SECONDS=0
@@ -47,4 +48,3 @@ for stage in $STAGES; do
   esac
 done
 kill $SMI; sort -u "$OUT/smi.log" | head -20
-python3 -c "from dptune.trials import read_trials as r; print('mnist trial devices:', sorted({t.measured.get('device') for t in r('runs/gpu-mnist/sealed/trials.parquet')}))" 2>&1 | tail -1

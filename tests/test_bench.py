@@ -118,6 +118,14 @@ def test_the_checks_catch_violations(tmp_path: Path) -> None:
     assert import_cycle(graph) is not None
 
 
+
+def run_bench(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python bench/<args>`` from the repository root (dptune importable), asserted to exit 0."""
+    env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
 # --- the harness, run for real ----------------------------------------------------------------------
 
 
@@ -126,11 +134,7 @@ def test_quick_smoke_run_writes_a_real_report(tmp_path: Path) -> None:
     and issue 7's modes a2, b, c, d, two workers. The report and the records hold real runs: accuracies from the
     trainer, every composed total within ε, the searches' K and charges."""
     out = tmp_path / "quick.md"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "bench/tuning_value.py", "--quick", "--out", str(out)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_bench("bench/tuning_value.py", "--quick", "--out", str(out), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     text = out.read_text()
     assert "Status: complete" in text and "digits, train 1,257 / validation 180 / test 360" in text
     records = {r["task"]: r for r in json.loads(out.with_suffix(".json").read_text())}
@@ -166,11 +170,8 @@ def test_simulated_rehearsal_goes_through_the_real_draw_and_selection(tmp_path: 
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps(rows))
     out = tmp_path / "sim.md"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "bench/rehearsal_sim.py", "--space", str(space), "--from-json", str(grid),
-                          "--draws", "3000", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_bench("bench/rehearsal_sim.py", "--space", str(space), "--from-json", str(grid), "--draws", "3000",
+              "--out", str(out))
     assert not out.with_suffix(".json").exists()  # a re-simulation's records are its --from-json files
     row = next(line for line in out.read_text().splitlines() if line.startswith("| 2 | 100 |")).split("|")
     k, p_big, gain = float(row[4]), float(row[5]), float(row[6]) / 100
@@ -194,10 +195,7 @@ def test_a_grid_run_skips_what_was_recorded_and_trains_only_without_draws(tmp_pa
     lines = tmp_path / "have.jsonl"
     lines.write_text("".join(json.dumps(r) + "\n" for r in have))
     out = tmp_path / "grid.md"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "bench/rehearsal_sim.py", "--space", "search_spaces/mnist.yaml",
-                          "--seeds", "100", "--epsilons", "2", "--lrs", "3", "--draws", "0", "--have", str(lines),
-                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = run_bench("bench/rehearsal_sim.py", "--space", "search_spaces/mnist.yaml", "--seeds", "100", "--epsilons",
+                    "2", "--lrs", "3", "--draws", "0", "--have", str(lines), "--out", str(out))
     assert "0 proxy runs (25 records given)" in res.stdout
     assert json.loads(out.with_suffix(".json").read_text()) == have and not out.exists()
