@@ -95,7 +95,7 @@ def _data(proxy: str, seed: int, validation: int) -> Any:
 
 
 def run_point(path: str, eps: float, seed: int, params: dict[str, Any], kind: str, proxy: str,
-              validation: int) -> dict[str, Any]:
+              validation: int, device: str | None = None) -> dict[str, Any]:
     """One grid run on the proxy: ``kind`` "trial" (σ_c, transferred lr: validation accuracy), "final" (the
     release's σ_f and lr L: test accuracy) or "baseline" (the planner's baseline with the whole ε)."""
     import torch
@@ -113,20 +113,22 @@ def run_point(path: str, eps: float, seed: int, params: dict[str, Any], kind: st
     out: dict[str, Any] = {"epsilon": eps, "seed": seed, "kind": kind, "params": params}
     if kind == "baseline":
         final = merged(data)
-        out["test"] = whole_budget(space.baseline, eps, final, n_train_s + n_val_s, space.privacy.delta, seed, own)
+        out["test"] = whole_budget(space.baseline, eps, final, n_train_s + n_val_s, space.privacy.delta, seed, own,
+                                   device)
     elif kind == "trial":
         cfg = tp.trial_config(space.fixed.replace(**params, seed=TRIAL_SEED * seed + 1))
-        r = run_trial(carried(cfg, n_train_d / n_train_s, n_val_d / n_val_s, own), data)
+        r = run_trial(carried(cfg, n_train_d / n_train_s, n_val_d / n_val_s, own), data, device=device)
         out.update(val=float(r.val_accuracy_raw), diverged=bool(r.diverged), lr=cfg.learning_rate,
                    sigma=cfg.noise_multiplier)
     else:
         row = TrialRow(index=0, params=dict(params), seed="", score=0.5, val_accuracy_raw=0.5)
         rel, _ = released_params(space, row, n_train_s, transfer=tp)
         cfg = space.fixed.replace(**rel)
-        r = final_run(cfg, merged(data), n_train_s + n_val_s, seed, own)
+        r = final_run(cfg, merged(data), n_train_s + n_val_s, seed, own, device)
         out.update(test=float(r.test_accuracy or 0.0), diverged=bool(r.diverged), lr=cfg.learning_rate,
                    sigma=cfg.noise_multiplier)
     out["seconds"] = round(time.time() - t0, 1)
+    out["device"] = device or "cpu"
     return out
 
 
@@ -216,7 +218,7 @@ def train_grid(args: argparse.Namespace, epsilons: list[float], seeds: list[int]
     out = [r for r in have if r["epsilon"] in epsilons and r["seed"] in seeds]
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as ex, \
             open(args.stream, "a") if args.stream else contextlib.nullcontext() as stream:
-        futs = [ex.submit(run_point, args.space, e, s, p, k, args.proxy, args.proxy_validation)
+        futs = [ex.submit(run_point, args.space, e, s, p, k, args.proxy, args.proxy_validation, args.device)
                 for e, s, p, k in jobs]
         for f in as_completed(futs):  # each record as it finishes: a run cut short keeps what it trained
             out.append(f.result())
@@ -286,6 +288,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--lrs", type=int, default=4, help="grid points over the float dimension (log-spaced)")
     p.add_argument("--draws", type=int, default=2000, help="simulated searches per (ε, seed); 0: train the grid only")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--device", help="torch device of the proxy runs (default cpu; e.g. cuda: many jobs share one GPU)")
     p.add_argument("--from-json", help="re-simulate from these comma-separated records files; nothing trains")
     p.add_argument("--have", help="records files already trained: their runs are not repeated, their records kept")
     p.add_argument("--stream", help="append each record to this file (one JSON per line) as it finishes")

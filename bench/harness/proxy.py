@@ -79,7 +79,8 @@ def merged(data: Any) -> Any:
                                             torch.cat([data.train[1], data.val[1]])))
 
 
-def whole_budget(cfg: Any, eps: float, final: Any, n_final: int, delta: float, seed: int, own_model: bool) -> float:
+def whole_budget(cfg: Any, eps: float, final: Any, n_final: int, delta: float, seed: int, own_model: bool,
+                 device: str | None = None) -> float:
     """Test accuracy of the target-data config ``cfg`` trained once with the whole ``eps`` on the proxy's train ∪
     validation ``final``: σ calibrated for the target's q and steps (``n_final`` examples), then carried."""
     from dptune.accounting import calibrate_noise_multiplier, sampling_rate, trial_steps
@@ -87,10 +88,11 @@ def whole_budget(cfg: Any, eps: float, final: Any, n_final: int, delta: float, s
     steps = trial_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=n_final)
     sigma = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=cfg.batch_size, basis=n_final),
                                        steps=steps, delta=delta, target_epsilon=eps)
-    return float(final_run(cfg.replace(noise_multiplier=sigma), final, n_final, seed, own_model).test_accuracy or 0.0)
+    return float(final_run(cfg.replace(noise_multiplier=sigma), final, n_final, seed, own_model, device).test_accuracy
+                 or 0.0)
 
 
-def final_run(cfg: Any, final: Any, n_final: int, seed: int, own_model: bool) -> Any:
+def final_run(cfg: Any, final: Any, n_final: int, seed: int, own_model: bool, device: str | None = None) -> Any:
     """The target-data final run ``cfg`` (its σ and lr as it would train on ``n_final`` target examples) carried to
     the proxy's train ∪ validation ``final`` (same q and update noise), final-run seed 7·``seed`` + 1, no score,
     test accuracy evaluated: its ``TrialResult``."""
@@ -98,4 +100,4 @@ def final_run(cfg: Any, final: Any, n_final: int, seed: int, own_model: bool) ->
 
     ratio = len(final.train[1]) / n_final
     return run_trial(carried(cfg.replace(seed=7 * seed + 1, score_noise=None), ratio, 1.0, own_model), final,
-                     evaluate_test=True)
+                     evaluate_test=True, device=device)
