@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from dptune.config import load_space
+from dptune.accounting import rehearsal_key
+from dptune.config import load_space, parse_space
 from tests.test_architecture import import_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,8 +159,13 @@ def test_simulated_rehearsal_goes_through_the_real_draw_and_selection(tmp_path: 
     validates at 90 % and releases a 100 % model, every B 256 one 50 % and 80 % (so does the default, and the
     baseline is 80 %). Score noise 0.02 cannot flip 0.9 against 0.5, so B 1024 is released exactly when the
     draw has one: P = 1 − E[0.5^K] = 1 − e^(−3/2) for K ~ Poisson(3), and the gain is 0.2 × P. The grid is of
-    a wider space (epochs 5 too, where B 256 would win): mnist.yaml fixes epochs 10 and reads only those."""
-    space = ROOT / "search_spaces" / "mnist.yaml"
+    a wider space (epochs 5 too, where B 256 would win): mnist.yaml's third version fixes epochs 10 (rebuilt here
+    from the shipped file) and reads only those."""
+    raw = yaml.safe_load((ROOT / "search_spaces" / "mnist.yaml").read_text())
+    del raw["space"]["epochs"], raw["planner"]["rehearsal"], raw["planner"]["rehearsal_of"]
+    raw["fixed"]["epochs"] = raw["default"].pop("epochs")
+    space = tmp_path / "mnist_v3.yaml"
+    space.write_text(yaml.safe_dump(raw))
     rows: list[dict[str, object]] = [{"epsilon": 2.0, "seed": 100, "kind": "baseline", "params": {}, "test": 0.8}]
     for b, g, e, lr in itertools.product([256, 1024], [4, 8], [5, 10], [0.4, 0.8, 1.6, 3.2]):
         params = {"batch_size": b, "groups": g, "epochs": e, "learning_rate": lr}
@@ -187,15 +194,35 @@ def test_a_grid_run_skips_what_was_recorded_and_trains_only_without_draws(tmp_pa
     space = load_space(ROOT / "search_spaces" / "mnist.yaml")
     lrs = [0.8, 1.6, 3.2]
     have = [{"epsilon": 2.0, "seed": 100, "kind": "baseline", "params": {}, "test": 0.8}]
-    for b, g, lr in itertools.product([256, 1024], [4, 8], lrs):
-        params = {"learning_rate": lr, "batch_size": b, "groups": g}
+    for b, g, e, lr in itertools.product([256, 1024], [4, 8], [10, 20], lrs):
+        params = {"learning_rate": lr, "batch_size": b, "groups": g, "epochs": e}
         have += [{"epsilon": 2.0, "seed": 100, "kind": k, "params": params, "val": 0.5, "test": 0.5,
                   "diverged": False} for k in ("trial", "final")]
-    assert set(space.space) == {"learning_rate", "batch_size", "groups"}
+    assert set(space.space) == {"learning_rate", "batch_size", "groups", "epochs"}
     lines = tmp_path / "have.jsonl"
     lines.write_text("".join(json.dumps(r) + "\n" for r in have))
     out = tmp_path / "grid.md"
     res = run_bench("bench/rehearsal_sim.py", "--space", "search_spaces/mnist.yaml", "--seeds", "100", "--epsilons",
                     "2", "--lrs", "3", "--draws", "0", "--have", str(lines), "--out", str(out))
-    assert "0 proxy runs (25 records given)" in res.stdout
+    assert "0 proxy runs (49 records given)" in res.stdout
     assert json.loads(out.with_suffix(".json").read_text()) == have and not out.exists()
+
+
+def test_the_earlier_versions_rebuilt_from_the_shipped_files_keep_their_verdicts() -> None:
+    """The bench rebuilds mnist.yaml's and mnist_tpe.yaml's second and third versions (modes R2, R3, T2, T3) from
+    the shipped fourth (R4, T4): each rebuilt space is the search its committed verdict rehearsed (its
+    ``rehearsal_key`` is the verdict's ``rehearsal_of``; a mismatch would judge it analytically, silently), and the
+    versions differ (one searches epochs 5 or 10, one fixes 10, one searches 10 or 20)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from harness.searches import MODES
+    finally:
+        sys.path.remove(str(BENCH))
+    epochs = {}
+    for mode, file in itertools.product(("2", "3", "4"), ("mnist", "mnist_tpe")):
+        name = ("R" if file == "mnist" else "T") + mode
+        raw = yaml.safe_load((ROOT / "search_spaces" / f"{file}.yaml").read_text())
+        space = parse_space(MODES[name].edit(raw))  # type: ignore[attr-defined]
+        assert rehearsal_key(space) == space.planner.rehearsal_of, name
+        epochs[name] = sorted(space.space["epochs"].choices) if "epochs" in space.space else space.fixed.epochs
+    assert epochs == {"R2": [5, 10], "T2": [5, 10], "R3": 10, "T3": 10, "R4": [10, 20], "T4": [10, 20]}

@@ -8,11 +8,13 @@ its final run is at σ_f with lr L, asserted equal to the released rule lr·σ =
 (search) the ``--space`` itself (any searcher: random, TPE, scaled);
 and the named searches of issues 13 and 21, each a space file beside ``--space`` (on the same data):
 (R)  ``mnist.yaml`` as first declared (B 64-1024, lr 0.1-6.4), random search with random stopping;
-(R2) ``mnist.yaml``'s second version (B ∈ {256, 1024}, lr 0.4-3.2, epochs 5 or 10), rebuilt from the third;
-(R3) ``mnist.yaml`` as shipped since 2026-11-26 (B ∈ {256, 1024}, lr 0.8-3.2, groups 4 or 8, epochs 10);
+(R2) ``mnist.yaml``'s second version (B ∈ {256, 1024}, lr 0.4-3.2, epochs 5 or 10), rebuilt from the fourth;
+(R3) ``mnist.yaml``'s third version (B ∈ {256, 1024}, lr 0.8-3.2, groups 4 or 8, epochs 10), rebuilt from the fourth;
+(R4) ``mnist.yaml`` as shipped since 2026-11-27 (R3's ranges and epochs 10 or 20: all four searched);
 (T)  ``mnist_tpe.yaml`` as first declared (R's space): TPE under composition, the same transfer;
-(T2) ``mnist_tpe.yaml``'s second version (R2's space), rebuilt from the third;
-(T3) ``mnist_tpe.yaml`` as shipped since 2026-11-26 (R3's space);
+(T2) ``mnist_tpe.yaml``'s second version (R2's space), rebuilt from the fourth;
+(T3) ``mnist_tpe.yaml``'s third version (R3's space), rebuilt from the fourth;
+(T4) ``mnist_tpe.yaml`` as shipped since 2026-11-27 (R4's space);
 (S)  ``mnist_scaled.yaml``: the scaled searcher over B × lr, one report-noisy-max;
 (A)  ``mnist_alc.yaml``: (S) with adaptive layerwise clipping (per-layer C_l from public data);
 (m)  the lr-only scaled searcher of issue 13 (``mnist_scaled.yaml`` with B 256, lr candidates 0.2-3.2), noisy max;
@@ -39,11 +41,14 @@ R1 = {"learning_rate": {"type": "float", "low": 0.1, "high": 6.4, "log": True}, 
       "batch_size": {"type": "categorical", "choices": [64, 256, 1024]}}
 R2 = {"learning_rate": {"type": "float", "low": 0.4, "high": 3.2, "log": True},
       "batch_size": {"type": "categorical", "choices": [256, 1024]}}  # mnist.yaml's second version
-R3 = {"learning_rate": {"type": "float", "low": 0.8, "high": 3.2, "log": True},  # = mnist.yaml since it shipped
+R3 = {"learning_rate": {"type": "float", "low": 0.8, "high": 3.2, "log": True},  # mnist.yaml's third version
       "batch_size": {"type": "categorical", "choices": [256, 1024]},
       "groups": {"type": "categorical", "choices": [4, 8]}}
+R4 = {**R3, "epochs": {"type": "categorical", "choices": [10, 20]}}  # = mnist.yaml since it shipped
 V2_VERDICT = {"mnist": ({1: -0.0349, 2: -0.0094, 4: -0.0027}, "f161099e723dddff"),  # the second versions' planner
               "mnist_tpe": ({1: -0.0494, 2: 0.0024, 4: 0.0167}, "fb38e30b55b85852")}  # rehearsal, rehearsal_of
+V3_VERDICT = {"mnist": ({1: -0.0195, 2: 0.0083, 4: 0.0173}, "262badb7e1406c12"),  # the third versions'
+              "mnist_tpe": ({1: -0.0036, 2: 0.0183, 4: 0.0289}, "ab51c31b1a48a57d")}
 
 
 def lr_only_scaled(raw: dict[str, Any]) -> dict[str, Any]:
@@ -166,11 +171,10 @@ def _r1(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _r2(raw: dict[str, Any]) -> dict[str, Any]:
-    """The second version (shipped until 2026-11-26) rebuilt from the shipped third: R2's ranges, epochs 5 or 10,
+    """The second version (shipped until 2026-11-26) rebuilt from the shipped fourth: R2's ranges, epochs 5 or 10,
     the default's lr 0.4, and the second version's verdict (mnist.yaml, mnist_tpe.yaml)."""
-    raw = _r3(raw)
+    raw = _r4(raw)
     raw["space"] = {**R2, "groups": R3["groups"], "epochs": {"type": "categorical", "choices": [5, 10]}}
-    del raw["fixed"]["epochs"]
     raw["default"].update(learning_rate=0.4, epochs=10)
     rehearsal, key = V2_VERDICT[raw["name"]]
     raw["planner"].update(rehearsal=rehearsal, rehearsal_of=key)
@@ -178,8 +182,19 @@ def _r2(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _r3(raw: dict[str, Any]) -> dict[str, Any]:
-    """The shipped file as it is, once it is checked to still search R3's ranges (mnist.yaml, mnist_tpe.yaml)."""
-    assert raw["space"] == R3 and raw["fixed"]["epochs"] == 10, f"{raw['name']}.yaml no longer searches R3's ranges"
+    """The third version (shipped 2026-11-26 to 27) rebuilt from the shipped fourth: epochs fixed at 10, and the
+    third version's verdict (mnist.yaml, mnist_tpe.yaml)."""
+    raw = _r4(raw)
+    raw["space"] = dict(R3)
+    raw["fixed"]["epochs"] = raw["default"].pop("epochs")
+    rehearsal, key = V3_VERDICT[raw["name"]]
+    raw["planner"].update(rehearsal=rehearsal, rehearsal_of=key)
+    return raw
+
+
+def _r4(raw: dict[str, Any]) -> dict[str, Any]:
+    """The shipped file as it is, once it is checked to still search R4's ranges (mnist.yaml, mnist_tpe.yaml)."""
+    assert raw["space"] == R4 and "epochs" not in raw["fixed"], f"{raw['name']}.yaml no longer searches R4's ranges"
     return raw
 
 
@@ -203,13 +218,17 @@ for _mode in (
     _named("R2", "mnist.yaml", "(R2) random search, random stopping, B ∈ {256, 1024}, lr 0.4-3.2 (mnist.yaml v2)",
            "(R2) mnist.yaml's second version (epochs 5 or 10, lr 0.4-3.2).", edit=_r2),
     _named("R3", "mnist.yaml", "(R3) random search, random stopping, B ∈ {256, 1024}, lr 0.8-3.2, E 10 (mnist.yaml v3)",
-           "(R3) mnist.yaml as shipped.", edit=_r3),
+           "(R3) mnist.yaml's third version (epochs 10).", edit=_r3),
+    _named("R4", "mnist.yaml", "(R4) random search, random stopping, R3 with E ∈ {10, 20} (mnist.yaml v4)",
+           "(R4) mnist.yaml as shipped.", edit=_r4),
     _named("T", "mnist_tpe.yaml", "(T) TPE, composed, whole space (mnist_tpe.yaml as first declared)",
            "(T) mnist_tpe.yaml as first declared (B 64-1024, lr 0.1-6.4).", edit=_t1),
     _named("T2", "mnist_tpe.yaml", "(T2) TPE, composed, B ∈ {256, 1024}, lr 0.4-3.2 (mnist_tpe.yaml v2)",
            "(T2) mnist_tpe.yaml's second version (R2's space).", edit=_r2),
     _named("T3", "mnist_tpe.yaml", "(T3) TPE, composed, B ∈ {256, 1024}, lr 0.8-3.2, E 10 (mnist_tpe.yaml v3)",
-           "(T3) mnist_tpe.yaml as shipped.", edit=_r3),
+           "(T3) mnist_tpe.yaml's third version (R3's space).", edit=_r3),
+    _named("T4", "mnist_tpe.yaml", "(T4) TPE, composed, R4's space (mnist_tpe.yaml v4)",
+           "(T4) mnist_tpe.yaml as shipped.", edit=_r4),
     _named("S", "mnist_scaled.yaml", "(S) scaled searcher, B × lr, noisy max (mnist_scaled.yaml)",
            "(S) mnist_scaled.yaml."),
     _named("A", "mnist_alc.yaml", "(A) (S) with adaptive layerwise clipping (mnist_alc.yaml)",
