@@ -120,13 +120,23 @@ def test_the_checks_catch_violations(tmp_path: Path) -> None:
     assert import_cycle(graph) is not None
 
 
-
 def run_bench(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``python bench/<args>`` from the repository root (dptune importable), asserted to exit 0."""
     env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
+
+
+def harness_modes() -> dict[str, object]:
+    """The bench's registered modes (``bench/harness/modes.MODES``), imported as ``python bench/x.py`` would."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from harness.searches import MODES
+    finally:
+        sys.path.remove(str(BENCH))
+    return dict(MODES)
+
 
 # --- the harness, run for real ----------------------------------------------------------------------
 
@@ -161,9 +171,9 @@ def test_simulated_rehearsal_goes_through_the_real_draw_and_selection(tmp_path: 
     draw has one: P = 1 − E[0.5^K] = 1 − e^(−3/2) for K ~ Poisson(3), and the gain is 0.2 × P. The grid is of
     a wider space (epochs 5 too, where B 256 would win): mnist.yaml's third version fixes epochs 10 (rebuilt here
     from the shipped file) and reads only those."""
-    raw = yaml.safe_load((ROOT / "search_spaces" / "mnist.yaml").read_text())
-    del raw["space"]["epochs"], raw["planner"]["rehearsal"], raw["planner"]["rehearsal_of"]
-    raw["fixed"]["epochs"] = raw["default"].pop("epochs")
+    third = harness_modes()["R3"]
+    raw = third.edit(yaml.safe_load((ROOT / "search_spaces" / "mnist.yaml").read_text()))  # type: ignore[attr-defined]
+    assert "epochs" not in raw["space"] and raw["fixed"]["epochs"] == 10
     space = tmp_path / "mnist_v3.yaml"
     space.write_text(yaml.safe_dump(raw))
     rows: list[dict[str, object]] = [{"epsilon": 2.0, "seed": 100, "kind": "baseline", "params": {}, "test": 0.8}]
@@ -213,16 +223,12 @@ def test_the_earlier_versions_rebuilt_from_the_shipped_files_keep_their_verdicts
     the shipped fourth (R4, T4): each rebuilt space is the search its committed verdict rehearsed (its
     ``rehearsal_key`` is the verdict's ``rehearsal_of``; a mismatch would judge it analytically, silently), and the
     versions differ (one searches epochs 5 or 10, one fixes 10, one searches 10 or 20)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from harness.searches import MODES
-    finally:
-        sys.path.remove(str(BENCH))
+    modes = harness_modes()
     epochs = {}
     for mode, file in itertools.product(("2", "3", "4"), ("mnist", "mnist_tpe")):
         name = ("R" if file == "mnist" else "T") + mode
         raw = yaml.safe_load((ROOT / "search_spaces" / f"{file}.yaml").read_text())
-        space = parse_space(MODES[name].edit(raw))  # type: ignore[attr-defined]
+        space = parse_space(modes[name].edit(raw))  # type: ignore[attr-defined]
         assert rehearsal_key(space) == space.planner.rehearsal_of, name
         epochs[name] = sorted(space.space["epochs"].choices) if "epochs" in space.space else space.fixed.epochs
     assert epochs == {"R2": [5, 10], "T2": [5, 10], "R3": 10, "T3": 10, "R4": [10, 20], "T4": [10, 20]}
