@@ -240,7 +240,10 @@ class PlannerSpec:
         rehearsal: The search rehearsed on the public proxy against the baseline (``bench/proxy_priors.py
             --rehearse``): total ε -> mean test-accuracy gain (accuracy units). When given it is the verdict:
             expected to pay iff the gain at the target ε (linear in log ε between rehearsed points, the nearest
-            point outside them) is above 0.
+            point outside them) is above its standard error (``rehearsal_se``; above 0 without one).
+        rehearsal_se: The rehearsed gain's standard error over the proxy seeds, per total ε (the same keys as
+            ``rehearsal``; ``bench/rehearsal_sim.py`` prints it beside the gain). A gain within one standard error
+            of 0 is not expected to pay: the proxy cannot tell it from no gain.
         rehearsal_of: The key (``accounting.rehearsal_key``) of the search that was rehearsed: a space whose
             search differs from it (another range, rule, share, baseline or a flag's override) is judged by the
             analytic model instead, and the verdict says so.
@@ -255,10 +258,21 @@ class PlannerSpec:
     baseline: dict[str, Any] | None = None
     rehearsal: dict[float, float] | None = None  # total ε -> the rehearsed gain (accuracy units)
     rehearsal_of: str | None = None  # accounting.rehearsal_key of the search rehearsed
+    rehearsal_se: dict[float, float] | None = None  # total ε -> the rehearsed gain's std error over proxy seeds
 
     def __post_init__(self) -> None:
+        if self.rehearsal_se is not None and self.rehearsal is None:
+            raise ConfigError("planner.rehearsal_se", "is given without planner.rehearsal",
+                              "give the rehearsed gains (planner.rehearsal) it is the standard error of, or remove it")
         if self.rehearsal is not None:
             object.__setattr__(self, "rehearsal", _rehearsal(self.rehearsal))
+            if self.rehearsal_se is not None:
+                se = _rehearsal(self.rehearsal_se, "planner.rehearsal_se")
+                if set(se) != set(self.rehearsal) or any(v <= 0 for v in se.values()):
+                    raise ConfigError("planner.rehearsal_se", f"{self.rehearsal_se!r} is not a standard error > 0 for "
+                                      f"each rehearsed epsilon {sorted(self.rehearsal)}",
+                                      "copy the std errors bench/rehearsal_sim.py printed beside the gains")
+                object.__setattr__(self, "rehearsal_se", se)
             if not isinstance(self.rehearsal_of, str) or not re.fullmatch(r"[0-9a-f]{16}", self.rehearsal_of):
                 raise ConfigError("planner.rehearsal_of", f"{self.rehearsal_of!r} is not the rehearsed search's key",
                                   "copy the rehearsal_of line bench/proxy_priors.py --rehearse printed with it")
@@ -270,20 +284,22 @@ class PlannerSpec:
             raise ConfigError("planner.min_gain", f"{self.min_gain!r} must be >= 0", "choose e.g. 0.005")
 
 
-def _rehearsal(raw: Mapping[Any, Any]) -> dict[float, float]:
+def _rehearsal(raw: Mapping[Any, Any], field: str = "planner.rehearsal") -> dict[float, float]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(field, f"{raw!r} is not a mapping", "write {epsilon: value, ...}, e.g. {1: -0.012, 2: 0.008}")
     out = {}
     for key, value in raw.items():
         e = float(key) if isinstance(key, int | float) and not isinstance(key, bool) else math.nan
         if not (math.isfinite(e) and e > 0):
-            raise ConfigError("planner.rehearsal", f"key {key!r} is not a total epsilon > 0",
-                              "write {epsilon: gain, ...}, e.g. {1: -0.012, 2: 0.008}")
+            raise ConfigError(field, f"key {key!r} is not a total epsilon > 0",
+                              "write {epsilon: value, ...}, e.g. {1: -0.012, 2: 0.008}")
         g = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
         if not (math.isfinite(g) and -1 <= g <= 1):
-            raise ConfigError(f"planner.rehearsal.{key}", f"{value!r} is not a gain in accuracy units (-1..1)",
-                              "give the mean gain bench/proxy_priors.py --rehearse printed, e.g. 0.008")
+            raise ConfigError(f"{field}.{key}", f"{value!r} is not in accuracy units (-1..1)",
+                              "give what bench/rehearsal_sim.py printed in points / 100, e.g. 0.008")
         out[e] = g
     if not out:
-        raise ConfigError("planner.rehearsal", "is empty", "give {epsilon: gain, ...} or remove it")
+        raise ConfigError(field, "is empty", "give {epsilon: value, ...} or remove it")
     return dict(sorted(out.items()))
 
 

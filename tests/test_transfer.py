@@ -143,11 +143,14 @@ def test_the_verdict_prices_against_the_planner_baseline() -> None:
         parse_space(raw)
 
 
-def _rehearsed(gains: dict[float, float], key: str | None = None) -> dict[str, object]:
-    """digits_scaled with a rehearsal of its own search (``key``: another one's)."""
+def _rehearsed(gains: dict[float, float], key: str | None = None,
+               se: dict[float, float] | None = None) -> dict[str, object]:
+    """digits_scaled with a rehearsal of its own search (``key``: another one's; ``se``: its std errors)."""
     raw = yaml.safe_load(DIGITS_SCALED.read_text())
     raw["planner"] = {"proxy": "test rehearsal", "accuracy_spread": 0.05, "loss_per_noise_doubling": 0.1}
     raw["planner"].update(rehearsal=gains, rehearsal_of=key or A.rehearsal_key(parse_space(raw)))
+    if se is not None:
+        raw["planner"]["rehearsal_se"] = se
     return raw
 
 
@@ -195,15 +198,41 @@ def test_a_rehearsal_of_another_search_does_not_judge_this_one() -> None:
     assert e.value.field == "planner.rehearsal_of"
 
 
+def test_a_gain_within_its_standard_error_is_not_expected_to_pay() -> None:
+    """planner.rehearsal_se: the verdict pays only when the rehearsed gain is above its standard error over the
+    proxy seeds (interpolated like the gain); without one, above 0."""
+    gains, se = {2: 0.004, 8: 0.03}, {2: 0.005, 8: 0.01}
+    space = parse_space(_rehearsed(gains, se=se))
+    assert space.planner.rehearsal_se == {2.0: 0.005, 8.0: 0.01}
+    got = {e: A.advise_transfer(space, N_TRAIN, target_epsilon=e) for e in (2.0, 4.0, 8.0)}
+    assert got[4.0].rehearsed_se == pytest.approx(0.0075, abs=1e-15)  # halfway in log ε
+    assert [got[e].pays for e in (2.0, 4.0, 8.0)] == [False, True, True]  # +0.4 ± 0.5, +1.7 ± 0.75, +3 ± 1 points
+    assert "+0.40 points (std error 0.50 over its proxy seeds)" in got[2.0].verdict
+    assert "<= its std error: not expected to pay" in got[2.0].verdict
+    assert A.advise_transfer(parse_space(_rehearsed(gains)), N_TRAIN, target_epsilon=2.0).pays  # no se: the sign
+    for bad, field in (({2: 0.005}, "planner.rehearsal_se"), ({2: 0.005, 8: 0.0}, "planner.rehearsal_se"),
+                       ({2: 0.005, 8: 3}, "planner.rehearsal_se.8"), (0.01, "planner.rehearsal_se")):
+        with pytest.raises(ConfigError) as e:
+            parse_space(_rehearsed(gains, se=bad))  # type: ignore[arg-type]
+        assert e.value.field == field and e.value.fix, bad
+    raw = _rehearsed(gains, se=se)
+    del raw["planner"]["rehearsal"]  # type: ignore[index]
+    with pytest.raises(ConfigError, match="without planner.rehearsal"):
+        parse_space(raw)
+
+
 def test_the_shipped_mnist_rehearsals_are_of_the_shipped_searches() -> None:
     """Each MNIST space's rehearsal is current (a change to the search or its code would leave it stale, and the
-    verdict would fall back silently), and it is what judges: at total ε 1 random search and the scaled searcher
-    are rehearsed below the baseline and say no; TPE's fourth version is rehearsed above it and says yes."""
-    for name, pays in (("mnist", False), ("mnist_tpe", True), ("mnist_scaled", False)):
+    verdict would fall back silently), carries its standard error, and is what judges: at total ε 1 no search
+    is expected to pay (random search and the scaled searcher are rehearsed below the baseline; TPE's fourth
+    version +0.23 points, within its std error 0.84); at ε 2 and 4 each is above its std error."""
+    for name in ("mnist", "mnist_tpe", "mnist_scaled"):
         space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
         assert A.rehearsal_key(space) == space.planner.rehearsal_of, name
-        a = A.advise_transfer(space, 8000, n_val=1000, target_epsilon=1.0)
-        assert a.rehearsed == space.planner.rehearsal[1.0] and a.pays is pays, name  # type: ignore[index]
+        assert space.planner.rehearsal_se is not None and set(space.planner.rehearsal_se) == {1.0, 2.0, 4.0}, name
+        got = {e: A.advise_transfer(space, 8000, n_val=1000, target_epsilon=e) for e in (1.0, 2.0, 4.0)}
+        assert got[1.0].rehearsed == space.planner.rehearsal[1.0], name  # type: ignore[index]
+        assert [got[e].pays for e in (1.0, 2.0, 4.0)] == [False, True, True], name
 
 
 @pytest.mark.parametrize(("gains", "field"), [({0: 0.01}, "planner.rehearsal"), ({-1: 0.01}, "planner.rehearsal"),

@@ -161,7 +161,8 @@ def verdict_table(run: Run, cells: Cells) -> list[str]:
     grid = len(run.bench.spec.grid)
     for (m, eps), a in run.verdicts.items():
         rows = [v for (e, _), c in sorted(cells.items()) if e == eps and (v := values(c, grid)) and m in v]
-        why = f"rehearsed {a.rehearsed:+.4f}" if a.rehearsed is not None else f"{a.proxy:+.4f}"
+        why = f"{a.proxy:+.4f}" if a.rehearsed is None else f"rehearsed {a.rehearsed:+.4f}" + (
+            f" ± {a.rehearsed_se:.4f}" if a.rehearsed_se else "")
         said = f"{'pays' if a.pays else 'does not pay'} ({why})"
         if not rows:
             lines.append(f"| {eps:g} | {m} | {said} | – | – |")

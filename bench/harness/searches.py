@@ -178,6 +178,7 @@ def _r2(raw: dict[str, Any]) -> dict[str, Any]:
     raw["default"].update(learning_rate=0.4, epochs=10)
     rehearsal, key = V2_VERDICT[raw["name"]]
     raw["planner"].update(rehearsal=rehearsal, rehearsal_of=key)
+    raw["planner"].pop("rehearsal_se", None)  # judged by its sign then, as shipped
     return raw
 
 
@@ -189,6 +190,7 @@ def _r3(raw: dict[str, Any]) -> dict[str, Any]:
     raw["fixed"]["epochs"] = raw["default"].pop("epochs")
     rehearsal, key = V3_VERDICT[raw["name"]]
     raw["planner"].update(rehearsal=rehearsal, rehearsal_of=key)
+    raw["planner"].pop("rehearsal_se", None)  # judged by its sign then, as shipped
     return raw
 
 

@@ -136,8 +136,10 @@ class TransferAdvice:
     A space whose ``planner.rehearsal`` holds the search rehearsed on the public proxy (its whole search and final
     run against the baseline, per total ε) is judged by that instead: ``rehearsed`` is the rehearsed gain at the
     target ε (linear in log ε between rehearsed points, the nearest point outside them), expected to pay when it
-    is above 0 (it prices every cost: the search's share, the transfer, the selection noise). The analytic
-    figures above are still computed and printed.
+    is above its standard error over the proxy seeds (``rehearsed_se``, from ``planner.rehearsal_se``; above 0
+    without one): a gain within one standard error of 0 is one the proxy cannot tell from none. It prices every
+    cost: the search's share, the transfer, the selection noise. The analytic figures above are still computed
+    and printed.
     """
 
     searcher: str
@@ -155,11 +157,12 @@ class TransferAdvice:
     priors: dict[str, Any]  # accuracy_spread, loss_per_noise_doubling, and the proxy that measured them
     rehearsed: float | None = None  # the rehearsed gain at the target ε, when the space's rehearsal applies
     rehearsal_basis: str = ""  # where ``rehearsed`` comes from, or why the space's rehearsal does not apply
+    rehearsed_se: float | None = None  # its standard error over the proxy seeds, when the space gives one
 
     @property
     def pays(self) -> bool:
         if self.rehearsed is not None:
-            return self.rehearsed > 0
+            return self.rehearsed > (self.rehearsed_se or 0.0)
         return self.proxy >= self.min_gain
 
     @property
@@ -172,11 +175,14 @@ class TransferAdvice:
         if self.rehearsed is None and self.rehearsal_basis:
             head = f"{head}; {self.rehearsal_basis}"
         if self.rehearsed is not None:
-            head = (f"{head}; rehearsed on the public proxy: {100 * self.rehearsed:+.2f} points against the "
-                    f"baseline ({self.rehearsal_basis})")
+            se = self.rehearsed_se
+            head = (f"{head}; rehearsed on the public proxy: {100 * self.rehearsed:+.2f} points"
+                    + (f" (std error {100 * se:.2f} over its proxy seeds)" if se else "")
+                    + f" against the baseline ({self.rehearsal_basis})")
+            bar = "its std error" if se else "0"
             if self.pays:
-                return f"{head} > 0: expected to pay"
-            return (f"{head} <= 0: not expected to pay — train the baseline config once with the whole budget, "
+                return f"{head} > {bar}: expected to pay"
+            return (f"{head} <= {bar}: not expected to pay — train the baseline config once with the whole budget, "
                     "or raise epsilon")
         if self.pays:
             return f"{head} >= {self.min_gain:g}: expected to pay"
@@ -217,7 +223,7 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         plan = plan_search(space, n_train, compare=False)
         tp = plan_transfer(space, plan, final_n=final_n)
     d = baseline or space.baseline
-    rehearsed, basis = _rehearsal_for(space, plan, d, n_train)
+    rehearsed, rehearsed_se, basis = _rehearsal_for(space, plan, d, n_train)
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
                                          steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)
@@ -237,23 +243,27 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         search_epsilon=plan.search_epsilon, baseline_sigma=sigma_a, noise_ratio=ratio, transfer=transfer,
         expected_trials=mean_k, expected_gain=gain, proxy=gain - ell * math.log2(ratio), min_gain=min_gain,
         priors={"accuracy_spread": s, "loss_per_noise_doubling": ell, "proxy": pr.proxy, "rehearsal": pr.rehearsal,
-                "rehearsal_of": pr.rehearsal_of},
-        rehearsed=rehearsed, rehearsal_basis=basis)
+                "rehearsal_of": pr.rehearsal_of, "rehearsal_se": pr.rehearsal_se},
+        rehearsed=rehearsed, rehearsed_se=rehearsed_se, rehearsal_basis=basis)
 
 
-def _rehearsal_for(space: SearchSpace, plan: Plan, baseline: TrialConfig, n_train: int) -> tuple[float | None, str]:
-    """The space's rehearsed gain at its target ε and where it comes from; ``None`` (and why) when its rehearsal
-    does not apply: a rehearsal holds only for the search it rehearsed, priced against the baseline it ran."""
+def _rehearsal_for(space: SearchSpace, plan: Plan, baseline: TrialConfig, n_train: int
+                   ) -> tuple[float | None, float | None, str]:
+    """The space's rehearsed gain at its target ε, its standard error (when given) and where they come from;
+    ``None`` (and why) when its rehearsal does not apply: a rehearsal holds only for the search it rehearsed,
+    priced against the baseline it ran."""
     pr, p = space.planner, space.privacy
     if pr.rehearsal is None:
-        return None, ""
+        return None, None, ""
     if (rehearsal_key(space) != pr.rehearsal_of or _trained(baseline) != _trained(space.baseline)
             or plan.stopping != rule_of(p)  # a what-if stopping rule
             or n_train != nominal_train_size(space.dataset)):
-        return None, ("the space's rehearsal (planner.rehearsal) is of another search or baseline, so the analytic "
-                      "model judges")
+        return None, None, ("the space's rehearsal (planner.rehearsal) is of another search or baseline, so the "
+                            "analytic model judges")
     assert p.target_epsilon is not None
-    return _rehearsed_gain(pr.rehearsal, p.target_epsilon)
+    gain, basis = _rehearsed_gain(pr.rehearsal, p.target_epsilon)
+    se = None if pr.rehearsal_se is None else _rehearsed_gain(pr.rehearsal_se, p.target_epsilon)[0]
+    return gain, se, basis
 
 
 def _trained(config: TrialConfig) -> TrialConfig:

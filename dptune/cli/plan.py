@@ -296,7 +296,7 @@ def _transfer_json(args: argparse.Namespace, space: SearchSpace, plan: Plan) -> 
             "baseline": args.baseline or ("planner.baseline" if space.planner.baseline else "default"),
             "baseline_noise_multiplier": a.baseline_sigma, "noise_ratio": a.noise_ratio, "transfer": a.transfer,
             "expected_gain": a.expected_gain, "proxy": a.proxy, "rehearsed": a.rehearsed,
-            "rehearsal_basis": a.rehearsal_basis, "pays": a.pays,
+            "rehearsed_se": a.rehearsed_se, "rehearsal_basis": a.rehearsal_basis, "pays": a.pays,
             "verdict": a.verdict, "priors": {**a.priors, "min_gain": a.min_gain}}
 
 
