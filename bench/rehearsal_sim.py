@@ -129,6 +129,8 @@ def run_point(path: str, eps: float, seed: int, params: dict[str, Any], kind: st
                    sigma=cfg.noise_multiplier)
     out["seconds"] = round(time.time() - t0, 1)
     out["device"] = device or "cpu"
+    if space.lr_reference_batch is not None:  # its params' learning_rate is L at this batch size (of_space)
+        out["lr_scaling"] = [space.lr_reference_batch, space.lr_batch_power]
     return out
 
 
@@ -158,12 +160,25 @@ class Table:
 
 def of_space(space: SearchSpace, row: dict[str, Any]) -> dict[str, Any] | None:
     """A grid record as a point of ``space``: its params cut to the searched keys, or None where it ran another
-    value of one the space fixes (a record of a wider space, e.g. epochs 5 where the space fixes 10)."""
+    value of one the space fixes (a record of a wider space, e.g. epochs 5 where the space fixes 10). A record of
+    a space with another lr batch scaling (``search.lr_reference_batch``; ``lr_scaling`` in the record, none in
+    older ones) ran the same final lr and trial (same σ_c, σ_f and lr·σ) as this space's L = lr / its scale: it is
+    read at that L, and dropped where that L is outside this space's range."""
     if row["kind"] == "baseline":
         return row
-    params = row["params"]
+    params = dict(row["params"])
     if any(getattr(space.fixed, k) != v for k, v in params.items() if k not in space.space):
         return None
+    ref, power = row.get("lr_scaling") or (None, 1.0)
+    lr = space.space.get("learning_rate")
+    if lr is not None and "learning_rate" in params and (ref, power) != (space.lr_reference_batch, space.lr_batch_power):
+        b = params.get("batch_size", space.fixed.batch_size)
+        final_lr = params["learning_rate"] * (1.0 if ref is None else (b / ref) ** power)
+        mine = space.lr_reference_batch
+        params["learning_rate"] = float(f"{final_lr / (1.0 if mine is None else (b / mine) ** space.lr_batch_power):.6g}")
+        low, high = getattr(lr, "low", -math.inf), getattr(lr, "high", math.inf)
+        if not low * (1 - 1e-6) <= params["learning_rate"] <= high * (1 + 1e-6):
+            return None
     return {**row, "params": {k: v for k, v in params.items() if k in space.space}}
 
 

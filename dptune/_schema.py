@@ -313,6 +313,11 @@ class SearchSpace:
         searcher: How trials are chosen (``docs/searchers.md``).
         scheduler: ``fifo``, every trial runs to its end; ``asha`` is refused until it is charged per rung.
         tune_fraction: Run the search on a Poisson subsample of this fraction of the training split (1: off).
+        lr_reference_batch: With a search that plans its final run: the searched learning rate L is the final
+            run's at this batch size, and a config of batch size B trains at L·(B/``lr_reference_batch``)^p
+            (p: ``lr_batch_power``, 1: the linear scaling rule; its trials at that lr times σ_f/σ_c). None: L
+            is every batch size's lr.
+        lr_batch_power: p above (with ``lr_reference_batch`` only; default 1).
         source: Internal: the file the space was read from.
         planner: The priors of the verdict "is this search expected to pay" (``planner:``).
         alc: Adaptive layerwise clipping's public data (``alc:``; with clipping alc only).
@@ -327,6 +332,8 @@ class SearchSpace:
     searcher: str = "random"
     scheduler: str = "fifo"
     tune_fraction: float = 1.0
+    lr_reference_batch: int | None = None  # the searched lr is the final run's at this batch size (linear scaling)
+    lr_batch_power: float = 1.0  # lr = L·(B/lr_reference_batch)^lr_batch_power
     source: str | None = None
     planner: PlannerSpec = PlannerSpec()
     alc: _specs.AlcSpec | None = None  # adaptive layerwise clipping: its public data (fixed.clipping: alc)

@@ -191,6 +191,10 @@ def check_transfer(s: SearchSpace) -> None:
     lr = L·σ_f(B, E)/σ_c(B, E) (``accounting.TransferPlan``): the noise multiplier is set by the budget, not searched, and the final
     run's σ_f must be known for every reachable batch size and epochs."""
     p = s.privacy
+    if p.search_share is None and s.lr_reference_batch is not None:
+        raise ConfigError("search.lr_reference_batch", "scales the final run's learning rate with its batch size, "
+                          "which only a search that plans its final run has", "set privacy.target_epsilon and "
+                          "privacy.search_share, or remove search.lr_reference_batch")
     if p.search_share is None:
         if _searchers.searcher(s.searcher).needs_final_plan:
             raise ConfigError("privacy.search_share", f"the {s.searcher} searcher sizes its trials and the final run "

@@ -9,6 +9,7 @@ parses a file or a dict into them and runs the cross-field rules (``dptune._spac
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,8 @@ def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
 
 
 def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any]:
-    search_raw = _section(raw, "search", ("accounting", "searcher", "scheduler", "tune_fraction"))
+    search_raw = _section(raw, "search", ("accounting", "searcher", "scheduler", "tune_fraction", "lr_reference_batch",
+                                           "lr_batch_power"))
     out = {"searcher": search_raw.get("searcher", "random"), "scheduler": search_raw.get("scheduler", "fifo")}
     for key, allowed in (("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
         if out[key] not in allowed:
@@ -184,6 +186,20 @@ def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any
     tune_fraction = coerce_value("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
     out["tune_fraction"] = check_unit_interval("search.tune_fraction", tune_fraction, "choose e.g. 0.25, or 1 for off",
                                                include_one=True)
+    ref = search_raw.get("lr_reference_batch")
+    if ref is not None:
+        ref = coerce_value("search.lr_reference_batch", ref, int)
+        if isinstance(ref, bool) or not isinstance(ref, int) or ref < 1:
+            raise ConfigError("search.lr_reference_batch", f"{ref!r} is not a batch size",
+                              "give the batch size the searched learning rate is meant at, e.g. 256")
+        out["lr_reference_batch"] = ref
+    if "lr_batch_power" in search_raw:
+        power = coerce_value("search.lr_batch_power", search_raw["lr_batch_power"], float)
+        if ref is None or not (isinstance(power, int | float) and math.isfinite(power) and 0 < power <= 2):
+            raise ConfigError("search.lr_batch_power", f"{power!r} scales the lr with batch size only beside "
+                              "search.lr_reference_batch, and only by a power in (0, 2]",
+                              "give search.lr_reference_batch and a power such as 1 (linear) or 0.5, or remove it")
+        out["lr_batch_power"] = power
     return out
 
 

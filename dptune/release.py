@@ -93,12 +93,13 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
     With ``search.tune_fraction`` f < 1 the trial ran on a Poisson subsample at q = B/(f·n); the transfer
     rule keeps q (batch size B/f on the full data), epochs, learning rate and σ (``transfer_config``).
     A search that planned its final run (``transfer``) releases the final-run config its best trial stood for
-    (the trial ran it at the cheap σ_c, lr scaled) with the σ_f the budget leaves for it. A noisy-max selection
+    (the trial ran it at the cheap σ_c, lr scaled) with the σ_f the budget leaves for it and the final run's lr. A noisy-max selection
     releases the index only: no score (the trial's sealed score is its raw validation accuracy).
     """
     params = {k: getattr(space.default, k) for k in space.space} if best is None else dict(best.params)
-    if transfer is not None:
-        params["noise_multiplier"] = transfer.final_config(space.fixed.replace(**params)).noise_multiplier
+    if transfer is not None:  # the final run's σ_f and lr (L, or L·B/search.lr_reference_batch)
+        final = transfer.final_config(space.fixed.replace(**params))
+        params.update(noise_multiplier=final.noise_multiplier, learning_rate=final.learning_rate)
     if best is None:
         return params, None
     if space.tune_fraction < 1:
@@ -151,7 +152,8 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
     if space.tune_fraction < 1:
         doc["tuned_on_fraction"] = space.tune_fraction
     if transfer is not None:
-        doc["scaling_rule"] = {"lr_times_sigma": transfer.lr_times_sigma(space.fixed.replace(**params)),
+        # params is the released final-run config (σ_f, the final run's lr): the rule keeps its lr·σ_f
+        doc["scaling_rule"] = {"lr_times_sigma": params["learning_rate"] * params["noise_multiplier"],
                                "rule": "learning_rate = lr_times_sigma / noise_multiplier of the final run "
                                        "(the update noise lr x sigma the trial ran at; Panda et al. 2024)"}
     return doc

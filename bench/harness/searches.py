@@ -136,9 +136,12 @@ class SpaceSearch(Mode):
                                            bench.n_val, select_key=SELECT_SEED * (seed + 1) + k)
         cfg = space.fixed.replace(**params)
         out = bench.final_run(cfg, [charge.search_event], eps, merged, seed)
-        if tp is not None:  # σ as released (σ_f) and lr L = lr·σ / σ, as dptune train applies the rule
+        if tp is not None:  # σ as released (σ_f), and the lr trained is the release's rule lr·σ_f / σ (dptune train's)
+            from dptune.release import release_document
+
             assert abs(out["sigma_final"] / cfg.noise_multiplier - 1) < 5e-3, (out["sigma_final"], cfg.noise_multiplier)
-            assert abs(tp.lr_times_sigma(cfg) / out["sigma_final"] / cfg.learning_rate - 1) < 5e-3
+            rule = release_document(space, params, None, transfer=tp)["scaling_rule"]["lr_times_sigma"]
+            assert abs(rule / out["sigma_final"] / out["lr"] - 1) < 5e-3, (rule, out["sigma_final"], out["lr"])
         return {"k": draw.k, "trials": trials, "eps_search": charge.search_epsilon, "released": params,
                 "sigma_c": [list(r) for r in tp.sigmas] if tp is not None else None, **out}
 

@@ -50,6 +50,10 @@ class TransferPlan:
     sigmas: tuple[tuple[int, float, float, float], ...]  # (B, E, σ_c, σ_f) for every reachable (B, E)
     final_n: int  # the final run's training examples (train ∪ validation)
     candidates: tuple[dict[str, Any], ...] = ()  # the scaled searcher's fixed trials (final-run params), in order
+    # search.lr_reference_batch: the searched L is the final run's lr at this batch size (lr = L·(B/ref)^power);
+    # None: at any
+    lr_reference_batch: int | None = None
+    lr_batch_power: float = 1.0
 
     def _row(self, batch_size: int, epochs: float) -> tuple[int, float, float, float]:
         for row in self.sigmas:
@@ -72,9 +76,15 @@ class TransferPlan:
     def trial_sigma_of(self, batch_size: int, epochs: float) -> float:
         return self._row(batch_size, epochs)[2]
 
+    def final_lr(self, config: TrialConfig) -> float:
+        """The final run's lr for searched config ``config``: L, or L·(B/``lr_reference_batch``)^``lr_batch_power``
+        (power 1: the linear scaling rule) when the space gives one."""
+        ref = self.lr_reference_batch
+        return config.learning_rate * (1.0 if ref is None else (config.batch_size / ref) ** self.lr_batch_power)
+
     def lr_times_sigma(self, config: TrialConfig) -> float:
-        """L·σ_f(B, E) of a final-run config: the update noise the release's rule keeps."""
-        return config.learning_rate * self.final_sigma(config.batch_size, config.epochs)
+        """lr·σ_f(B, E) of the final run of searched config ``config``: the update noise the release's rule keeps."""
+        return self.final_lr(config) * self.final_sigma(config.batch_size, config.epochs)
 
     def trial_config(self, config: TrialConfig) -> TrialConfig:
         """The trial that stands for final-run ``config``: σ_c(B, E), and lr = L·σ_f(B, E)/σ_c(B, E)."""
@@ -82,11 +92,13 @@ class TransferPlan:
         return config.replace(noise_multiplier=sigma_c, learning_rate=self.lr_times_sigma(config) / sigma_c)
 
     def final_config(self, config: TrialConfig) -> TrialConfig:
-        """The final run the budget leaves for ``config``: σ_f(B, E) (lr unchanged: L is the final run's)."""
-        return config.replace(noise_multiplier=self.final_sigma(config.batch_size, config.epochs))
+        """The final run the budget leaves for searched config ``config``: σ_f(B, E) and its lr (``final_lr``)."""
+        return config.replace(noise_multiplier=self.final_sigma(config.batch_size, config.epochs),
+                              learning_rate=self.final_lr(config))
 
     def describe(self) -> dict[str, Any]:
         return {"trial_noise_multiplier": self.trial_sigma, "planned_final_n": self.final_n,
+                "lr_reference_batch": self.lr_reference_batch, "lr_batch_power": self.lr_batch_power,
                 "points": [{"batch_size": b, "epochs": e, "trial_noise_multiplier": sc, "final_noise_multiplier": sf}
                            for b, e, sc, sf in self.sigmas]}
 
@@ -108,7 +120,8 @@ def plan_transfer(space: SearchSpace, plan: Plan, *, final_n: int) -> TransferPl
                 target_epsilon=p.target_epsilon)
             rows.append((b, e, sigma_c, sigma_f))
     candidates = searcher(space.searcher).candidates(space)
-    return TransferPlan(sigmas=tuple(rows), final_n=final_n, candidates=candidates)
+    return TransferPlan(sigmas=tuple(rows), final_n=final_n, candidates=candidates,
+                        lr_reference_batch=space.lr_reference_batch, lr_batch_power=space.lr_batch_power)
 
 
 def _reachable(space: SearchSpace, key: str) -> list[Any]:
@@ -281,10 +294,12 @@ def rehearsal_key(space: SearchSpace) -> str:
     d = space.dataset
     privacy = sorted((f.name, repr(getattr(space.privacy, f.name))) for f in dataclasses.fields(space.privacy)
                      if f.name != "target_epsilon")
-    parts = (sorted((k, repr(v)) for k, v in space.space.items()), repr(space.fixed), repr(space.default), privacy,
+    parts: tuple[Any, ...] = (sorted((k, repr(v)) for k, v in space.space.items()), repr(space.fixed), repr(space.default), privacy,
              space.searcher, space.scheduler, space.tune_fraction,
              (nominal_train_size(d), d.validation_size, d.test_size, d.public_validation), repr(space.baseline),
              repr(space.alc))
+    if space.lr_reference_batch is not None:  # (a space without one keeps the key it had before the setting existed)
+        parts = (*parts, ("lr_reference_batch", space.lr_reference_batch, space.lr_batch_power))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 

@@ -292,7 +292,7 @@ def _transfer_json(args: argparse.Namespace, space: SearchSpace, plan: Plan) -> 
             "final_noise_multipliers": [{"batch_size": b, "epochs": e, "noise_multiplier": sf}
                                         for b, e, sf in p.final_sigmas],
             "candidates": [dict(c) for c in p.candidates],
-            "final_n": p.final_n,
+            "final_n": p.final_n, "lr_reference_batch": p.lr_reference_batch, "lr_batch_power": p.lr_batch_power,
             "baseline": args.baseline or ("planner.baseline" if space.planner.baseline else "default"),
             "baseline_noise_multiplier": a.baseline_sigma, "noise_ratio": a.noise_ratio, "transfer": a.transfer,
             "expected_gain": a.expected_gain, "proxy": a.proxy, "rehearsed": a.rehearsed,
@@ -375,8 +375,12 @@ def _print(out: dict[str, Any]) -> None:
 def _print_transfer(s: dict[str, Any]) -> None:
     print(f"\n{s['searcher']} searcher planning its final run, total epsilon {s['target_epsilon']:g} (search "
           f"{s['search_epsilon']:.4f} + final run, composed: the smallest valid bound, RDP or PLD):")
-    print(f"  trials at noise multiplier {s['trial_noise_multiplier']:.4g}, each with lr = L x sigma_f(B, E) / "
-          f"{s['trial_noise_multiplier']:.4g} (L: the final run's lr; the same update noise lr x sigma)")
+    ref, power = s.get("lr_reference_batch"), s.get("lr_batch_power", 1.0)
+    scale = f"B/{ref}" if power == 1 else f"(B/{ref})^{power:g}"
+    lr, what = ("L", "the final run's lr") if ref is None else (
+        f"L x {scale}", f"the final run's lr at batch size {ref}; batch size B trains at L x {scale}")
+    print(f"  trials at noise multiplier {s['trial_noise_multiplier']:.4g}, each with lr = {lr} x sigma_f(B, E) / "
+          f"{s['trial_noise_multiplier']:.4g} (L: {what}; the same update noise lr x sigma)")
     print(f"  final run on {s['final_n']} examples (train + validation), noise multiplier per batch size and epochs: "
           + ", ".join(f"B {f['batch_size']} E {f['epochs']:g}: {f['noise_multiplier']:.4g}"
                       for f in s["final_noise_multipliers"]))

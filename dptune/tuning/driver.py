@@ -78,7 +78,10 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             "tune_fraction": space.tune_fraction,
             # a search that plans its final run seals final-run params (the trial runs them at σ_c, lr scaled);
             # a sealed scaled search from before then sealed the trials' own: the key tells them apart
-            **({"sealed_params": "final-run"} if space.transfers else {})}
+            **({"sealed_params": "final-run"} if space.transfers else {}),
+            # the lr's batch scaling changes every trial's lr and the release (absent: none, as before it existed)
+            **({"lr_reference_batch": space.lr_reference_batch, "lr_batch_power": space.lr_batch_power}
+               if space.lr_reference_batch is not None else {})}
 
 
 def _privacy_spec(p: PrivacySpec) -> dict[str, Any]:  # JSON-stable: the rule's settings as a mapping
