@@ -277,7 +277,11 @@ def report(space: SearchSpace, sims: list[dict[str, Any]], rows: list[dict[str, 
         means[e] = float(np.mean(g))
         se = np.std(g, ddof=1) / math.sqrt(len(g)) if len(g) > 1 else float("nan")
         lines.append(f"| {e:g} | {len(g)} | {100 * means[e]:+.2f} | {100 * se:.2f} |")
-    lines += ["", "The proxy's grid (accuracy %, trial validation / final test):", "",
+    head = "The proxy's grid (accuracy %, trial validation / final test)"
+    if space.lr_reference_batch is not None:
+        head += (f"; each record as it ran (learning_rate: the space's that ran it), read by this space at its L = "
+                 f"the final run's lr / (B/{space.lr_reference_batch})^{space.lr_batch_power:g}, where in its range")
+    lines += ["", head + ":", "",
               "| ε | seed | config | trial val | final test |", "|---|---|---|---|---|"]
     def cell(r: dict[str, Any]) -> tuple[float, int, str]:
         return r["epsilon"], r["seed"], json.dumps(r["params"], sort_keys=True)
@@ -289,7 +293,9 @@ def report(space: SearchSpace, sims: list[dict[str, Any]], rows: list[dict[str, 
         lines.append(f"| {r['epsilon']:g} | {r['seed']} | {shown} | {100 * r['val']:.1f}{' (div)' * r['diverged']} | "
                      + (f"{100 * f['test']:.1f}" if f else "–") + " |")
     lines += ["", "```yaml", "  rehearsal: {" + ", ".join(f"{e:g}: {m:.4f}" for e, m in sorted(means.items())) + "}",
-              f'  rehearsal_of: "{rehearsal_key(space)}"', "```", ""]
+              f'  rehearsal_of: "{rehearsal_key(space)}"', "  rehearsal_se: {" + ", ".join(
+                  f"{e:g}: {np.std(g, ddof=1) / math.sqrt(len(g)):.4f}" for e in epsilons
+                  if len(g := [r["gain"] for r in sims if r["epsilon"] == e]) > 1) + "}", "```", ""]
     return "\n".join(lines)
 
 

@@ -9,8 +9,8 @@ sizes, path), model, fixed settings and δ come from the space file. Modes (``ha
                   final training; the whole budget to the search; the search on a subsample (harness/fixed_sigma.py)
   s, n (+ f)      issue 13: Panda et al.'s linear scaling rule; the noise-scaled rule (harness/scaled_rules.py)
   search          the --space's own search as `dptune search` runs it, then the final run `dptune train` trains
-  R, R2-R4, T, T2-T4, S, A  issue 21: the MNIST spaces' searches (mnist.yaml and mnist_tpe.yaml: first to third
-                  and shipped fourth version; mnist_scaled.yaml, mnist_alc.yaml), each a space file beside --space
+  R, R2-R5, T, T2-T5, S, A  issue 21: the MNIST spaces' searches (mnist.yaml and mnist_tpe.yaml: first to fourth
+                  and shipped fifth version; mnist_scaled.yaml, mnist_alc.yaml), each a space file beside --space
                   (harness/searches.py)
   m, g            issue 13: the lr-only scaled searcher with its noisy max, and with a Gaussian score per trial
 

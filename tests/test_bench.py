@@ -219,16 +219,21 @@ def test_a_grid_run_skips_what_was_recorded_and_trains_only_without_draws(tmp_pa
 
 
 def test_the_earlier_versions_rebuilt_from_the_shipped_files_keep_their_verdicts() -> None:
-    """The bench rebuilds mnist.yaml's and mnist_tpe.yaml's second and third versions (modes R2, R3, T2, T3) from
-    the shipped fourth (R4, T4): each rebuilt space is the search its committed verdict rehearsed (its
+    """The bench rebuilds mnist.yaml's and mnist_tpe.yaml's second to fourth versions (modes R2-R4, T2-T4) from
+    the shipped fifth (R5, T5): each rebuilt space is the search its committed verdict rehearsed (its
     ``rehearsal_key`` is the verdict's ``rehearsal_of``; a mismatch would judge it analytically, silently), and the
-    versions differ (one searches epochs 5 or 10, one fixes 10, one searches 10 or 20)."""
+    versions differ (one searches epochs 5 or 10, one fixes 10, two search 10 or 20, one of them its lr scaled
+    with batch size); the fourth keeps its standard errors, the second and third are judged by their sign."""
     modes = harness_modes()
-    epochs = {}
-    for mode, file in itertools.product(("2", "3", "4"), ("mnist", "mnist_tpe")):
+    epochs, scaled = {}, {}
+    for mode, file in itertools.product(("2", "3", "4", "5"), ("mnist", "mnist_tpe")):
         name = ("R" if file == "mnist" else "T") + mode
         raw = yaml.safe_load((ROOT / "search_spaces" / f"{file}.yaml").read_text())
         space = parse_space(modes[name].edit(raw))  # type: ignore[attr-defined]
         assert rehearsal_key(space) == space.planner.rehearsal_of, name
         epochs[name] = sorted(space.space["epochs"].choices) if "epochs" in space.space else space.fixed.epochs
-    assert epochs == {"R2": [5, 10], "T2": [5, 10], "R3": 10, "T3": 10, "R4": [10, 20], "T4": [10, 20]}
+        scaled[name] = (space.lr_reference_batch, space.planner.rehearsal_se is not None)
+    assert epochs == {"R2": [5, 10], "T2": [5, 10], "R3": 10, "T3": 10, "R4": [10, 20], "T4": [10, 20],
+                      "R5": [10, 20], "T5": [10, 20]}
+    assert scaled == {**{f"{s}{v}": (None, False) for s in "RT" for v in "23"}, "R4": (None, True),
+                      "T4": (None, True), "R5": (256, True), "T5": (256, True)}

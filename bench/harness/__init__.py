@@ -13,7 +13,7 @@ no file over 400 lines):
   stopping, σ at the floor the search share affords, plans from the planner's ``advise``.
 - ``scaled_rules``: modes s, n (and f) of issue 13: Panda et al.'s linear scaling rule and the noise-scaled rule.
 - ``searches``: searches exactly as ``dptune search`` runs them (draw, sampler, selection, planned final run):
-  ``search`` (the ``--space`` itself) and the named searches of issues 13 and 21 (R, R2, R3, R4, T, T2, T3, T4, S, A, m, g).
+  ``search`` (the ``--space`` itself) and the named searches of issues 13 and 21 (R, R2-R5, T, T2-T5, S, A, m, g).
 - ``runner``: the worker pool, one task per (ε, seed, mode), the .json records and their pooling.
 - ``report``: the markdown report.
 

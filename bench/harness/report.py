@@ -129,7 +129,7 @@ def accuracy_table(run: Run, cells: Cells) -> list[str]:
                          f"{significance(lo, hi, p)} | {share} |")
         # issue 21: are the whole-space searches worse than the scaled searcher, lr-only (m) or B × lr (S)?
         for ref in [r for r in ("m", "S") if r in run.modes]:
-            for m in [m for m in ("R", "R2", "R3", "R4", "T", "T2", "T3", "T4", "S") if m in run.modes and m != ref]:
+            for m in [m for m in ("R", "R2", "R3", "R4", "R5", "T", "T2", "T3", "T4", "T5", "S") if m in run.modes and m != ref]:
                 both = [v for _, v in done if v is not None and m in v and ref in v]
                 if len(both) > 1:
                     mean, lo, hi, p = paired_stats(np.array([v[m] - v[ref] for v in both]))

@@ -3,18 +3,20 @@ searcher's Optuna sampler, every trial refused unless charged (``plan_search``'s
 (best noised score, or one report-noisy-max), the release (``released_params``), then the final run ``dptune
 train --target-epsilon --train-on-validation`` trains (``calibrate_final``). A space that plans its final run
 (``privacy.search_share``) runs each trial at its (B, E)'s cheap σ_c with lr = L·σ_f/σ_c (``plan_transfer``);
-its final run is at σ_f with lr L, asserted equal to the released rule lr·σ = L·σ_f within 0.5 %.
+its final run is at σ_f with the released lr, asserted equal to the released rule lr·σ_f / σ within 0.5 %.
 
 (search) the ``--space`` itself (any searcher: random, TPE, scaled);
 and the named searches of issues 13 and 21, each a space file beside ``--space`` (on the same data):
 (R)  ``mnist.yaml`` as first declared (B 64-1024, lr 0.1-6.4), random search with random stopping;
 (R2) ``mnist.yaml``'s second version (B ∈ {256, 1024}, lr 0.4-3.2, epochs 5 or 10), rebuilt from the fourth;
 (R3) ``mnist.yaml``'s third version (B ∈ {256, 1024}, lr 0.8-3.2, groups 4 or 8, epochs 10), rebuilt from the fourth;
-(R4) ``mnist.yaml`` as shipped since 2026-11-27 (R3's ranges and epochs 10 or 20: all four searched);
+(R4) ``mnist.yaml``'s fourth version (R3's ranges and epochs 10 or 20: all four searched), rebuilt from the fifth;
+(R5) ``mnist.yaml`` as shipped since 2026-11-27 (R4 with the lr scaled by √(B/256): L 0.8-1.6 at B 256);
 (T)  ``mnist_tpe.yaml`` as first declared (R's space): TPE under composition, the same transfer;
 (T2) ``mnist_tpe.yaml``'s second version (R2's space), rebuilt from the fourth;
 (T3) ``mnist_tpe.yaml``'s third version (R3's space), rebuilt from the fourth;
-(T4) ``mnist_tpe.yaml`` as shipped since 2026-11-27 (R4's space);
+(T4) ``mnist_tpe.yaml``'s fourth version (R4's space), rebuilt from the fifth;
+(T5) ``mnist_tpe.yaml`` as shipped since 2026-11-27 (R5's space);
 (S)  ``mnist_scaled.yaml``: the scaled searcher over B × lr, one report-noisy-max;
 (A)  ``mnist_alc.yaml``: (S) with adaptive layerwise clipping (per-layer C_l from public data);
 (m)  the lr-only scaled searcher of issue 13 (``mnist_scaled.yaml`` with B 256, lr candidates 0.2-3.2), noisy max;
@@ -44,11 +46,15 @@ R2 = {"learning_rate": {"type": "float", "low": 0.4, "high": 3.2, "log": True},
 R3 = {"learning_rate": {"type": "float", "low": 0.8, "high": 3.2, "log": True},  # mnist.yaml's third version
       "batch_size": {"type": "categorical", "choices": [256, 1024]},
       "groups": {"type": "categorical", "choices": [4, 8]}}
-R4 = {**R3, "epochs": {"type": "categorical", "choices": [10, 20]}}  # = mnist.yaml since it shipped
+R4 = {**R3, "epochs": {"type": "categorical", "choices": [10, 20]}}  # mnist.yaml's fourth version
+R5 = {**R4, "learning_rate": {"type": "float", "low": 0.8, "high": 1.6, "log": True}}  # = mnist.yaml since it shipped,
+R5_SCALING = {"lr_reference_batch": 256, "lr_batch_power": 0.5}  # with L the final run's lr at B 256, x (B/256)^0.5
 V2_VERDICT = {"mnist": ({1: -0.0349, 2: -0.0094, 4: -0.0027}, "f161099e723dddff"),  # the second versions' planner
               "mnist_tpe": ({1: -0.0494, 2: 0.0024, 4: 0.0167}, "fb38e30b55b85852")}  # rehearsal, rehearsal_of
 V3_VERDICT = {"mnist": ({1: -0.0195, 2: 0.0083, 4: 0.0173}, "262badb7e1406c12"),  # the third versions'
               "mnist_tpe": ({1: -0.0036, 2: 0.0183, 4: 0.0289}, "ab51c31b1a48a57d")}
+V4_VERDICT = {"mnist": ({1: -0.0150, 2: 0.0125, 4: 0.0229}, {1: 0.0072, 2: 0.0065, 4: 0.0054}, "3c080bfd57f4c2f2"),
+              "mnist_tpe": ({1: 0.0023, 2: 0.0219, 4: 0.0322}, {1: 0.0084, 2: 0.0132, 4: 0.0109}, "956b36536ac84060")}
 
 
 def lr_only_scaled(raw: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +180,7 @@ def _r1(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _r2(raw: dict[str, Any]) -> dict[str, Any]:
-    """The second version (shipped until 2026-11-26) rebuilt from the shipped fourth: R2's ranges, epochs 5 or 10,
+    """The second version (shipped until 2026-11-26) rebuilt from the fourth: R2's ranges, epochs 5 or 10,
     the default's lr 0.4, and the second version's verdict (mnist.yaml, mnist_tpe.yaml)."""
     raw = _r4(raw)
     raw["space"] = {**R2, "groups": R3["groups"], "epochs": {"type": "categorical", "choices": [5, 10]}}
@@ -186,7 +192,7 @@ def _r2(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _r3(raw: dict[str, Any]) -> dict[str, Any]:
-    """The third version (shipped 2026-11-26 to 27) rebuilt from the shipped fourth: epochs fixed at 10, and the
+    """The third version (shipped 2026-11-26 to 27) rebuilt from the fourth: epochs fixed at 10, and the
     third version's verdict (mnist.yaml, mnist_tpe.yaml)."""
     raw = _r4(raw)
     raw["space"] = dict(R3)
@@ -198,8 +204,21 @@ def _r3(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _r4(raw: dict[str, Any]) -> dict[str, Any]:
-    """The shipped file as it is, once it is checked to still search R4's ranges (mnist.yaml, mnist_tpe.yaml)."""
-    assert raw["space"] == R4 and "epochs" not in raw["fixed"], f"{raw['name']}.yaml no longer searches R4's ranges"
+    """The fourth version (shipped 2026-11-27) rebuilt from the shipped fifth: lr 0.8-3.2 at every batch size (no
+    scaling), and the fourth version's verdict with its standard errors (mnist.yaml, mnist_tpe.yaml)."""
+    raw = _r5(raw)
+    raw["space"] = dict(R4)
+    for key in R5_SCALING:
+        raw["search"].pop(key)
+    rehearsal, se, key = V4_VERDICT[raw["name"]]
+    raw["planner"].update(rehearsal=rehearsal, rehearsal_se=se, rehearsal_of=key)
+    return raw
+
+
+def _r5(raw: dict[str, Any]) -> dict[str, Any]:
+    """The shipped file as it is, once it is checked to still search R5's ranges (mnist.yaml, mnist_tpe.yaml)."""
+    assert raw["space"] == R5 and "epochs" not in raw["fixed"], f"{raw['name']}.yaml no longer searches R5's ranges"
+    assert {k: raw["search"].get(k) for k in R5_SCALING} == R5_SCALING, f"{raw['name']}.yaml: not R5's lr scaling"
     return raw
 
 
@@ -225,7 +244,9 @@ for _mode in (
     _named("R3", "mnist.yaml", "(R3) random search, random stopping, B ∈ {256, 1024}, lr 0.8-3.2, E 10 (mnist.yaml v3)",
            "(R3) mnist.yaml's third version (epochs 10).", edit=_r3),
     _named("R4", "mnist.yaml", "(R4) random search, random stopping, R3 with E ∈ {10, 20} (mnist.yaml v4)",
-           "(R4) mnist.yaml as shipped.", edit=_r4),
+           "(R4) mnist.yaml's fourth version (lr 0.8-3.2 at every batch size).", edit=_r4),
+    _named("R5", "mnist.yaml", "(R5) random search, random stopping, R4 with lr L·√(B/256), L 0.8-1.6 (mnist.yaml v5)",
+           "(R5) mnist.yaml as shipped.", edit=_r5),
     _named("T", "mnist_tpe.yaml", "(T) TPE, composed, whole space (mnist_tpe.yaml as first declared)",
            "(T) mnist_tpe.yaml as first declared (B 64-1024, lr 0.1-6.4).", edit=_t1),
     _named("T2", "mnist_tpe.yaml", "(T2) TPE, composed, B ∈ {256, 1024}, lr 0.4-3.2 (mnist_tpe.yaml v2)",
@@ -233,7 +254,9 @@ for _mode in (
     _named("T3", "mnist_tpe.yaml", "(T3) TPE, composed, B ∈ {256, 1024}, lr 0.8-3.2, E 10 (mnist_tpe.yaml v3)",
            "(T3) mnist_tpe.yaml's third version (R3's space).", edit=_r3),
     _named("T4", "mnist_tpe.yaml", "(T4) TPE, composed, R4's space (mnist_tpe.yaml v4)",
-           "(T4) mnist_tpe.yaml as shipped.", edit=_r4),
+           "(T4) mnist_tpe.yaml's fourth version (R4's space).", edit=_r4),
+    _named("T5", "mnist_tpe.yaml", "(T5) TPE, composed, R5's space (mnist_tpe.yaml v5)",
+           "(T5) mnist_tpe.yaml as shipped.", edit=_r5),
     _named("S", "mnist_scaled.yaml", "(S) scaled searcher, B × lr, noisy max (mnist_scaled.yaml)",
            "(S) mnist_scaled.yaml."),
     _named("A", "mnist_alc.yaml", "(A) (S) with adaptive layerwise clipping (mnist_alc.yaml)",
