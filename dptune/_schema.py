@@ -43,7 +43,8 @@ class TrialConfig:
         groups: GroupNorm groups of the built-in models (a factory receives it as ``groups``).
         scale_norm: ResNet-9 only: ScaleNorm, an extra GroupNorm after each of its two residual adds.
         learning_rate: The optimizer's learning rate. In a search that plans its final run, the final run's
-            learning rate L: each trial runs at L·σ_f/σ_c.
+            learning rate L (at batch size ``search.lr_reference_batch`` when given): each trial runs at
+            L·σ_f/σ_c.
         batch_size: The expected batch size B of Poisson sampling (sampling rate q = B/n). Privacy-relevant.
         epochs: Training length in epochs, fractions allowed: T = ⌈epochs·n/B⌉ steps. Privacy-relevant.
         noise_multiplier: σ, the noise std in units of the clip norm. Privacy-relevant. Set by the budget (and

@@ -375,12 +375,9 @@ def _print(out: dict[str, Any]) -> None:
 def _print_transfer(s: dict[str, Any]) -> None:
     print(f"\n{s['searcher']} searcher planning its final run, total epsilon {s['target_epsilon']:g} (search "
           f"{s['search_epsilon']:.4f} + final run, composed: the smallest valid bound, RDP or PLD):")
-    ref, power = s.get("lr_reference_batch"), s.get("lr_batch_power", 1.0)
-    scale = f"B/{ref}" if power == 1 else f"(B/{ref})^{power:g}"
-    lr, what = ("L", "the final run's lr") if ref is None else (
-        f"L x {scale}", f"the final run's lr at batch size {ref}; batch size B trains at L x {scale}")
-    print(f"  trials at noise multiplier {s['trial_noise_multiplier']:.4g}, each with lr = {lr} x sigma_f(B, E) / "
-          f"{s['trial_noise_multiplier']:.4g} (L: {what}; the same update noise lr x sigma)")
+    scale, sc = (f" x (B/{ref})^{s['lr_batch_power']:g}" if (ref := s.get("lr_reference_batch")) else ""), s["trial_noise_multiplier"]
+    print(f"  trials at noise multiplier {sc:.4g}, each with lr = L{scale} x sigma_f(B, E) / {sc:.4g} (L: the final "
+          f"run's lr{f' at batch size {ref}' if ref else ''}; the same update noise lr x sigma)")
     print(f"  final run on {s['final_n']} examples (train + validation), noise multiplier per batch size and epochs: "
           + ", ".join(f"B {f['batch_size']} E {f['epochs']:g}: {f['noise_multiplier']:.4g}"
                       for f in s["final_noise_multipliers"]))

@@ -75,13 +75,10 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             "space": {k: od.distribution_to_json(d) for k, d in sorted(space.space.items())},
             "default": space.default.to_dict(), "privacy": _privacy_spec(space.privacy),
             "accounting": space.accounting, "searcher": space.searcher, "scheduler": space.scheduler,
-            "tune_fraction": space.tune_fraction,
-            # a search that plans its final run seals final-run params (the trial runs them at σ_c, lr scaled);
-            # a sealed scaled search from before then sealed the trials' own: the key tells them apart
-            **({"sealed_params": "final-run"} if space.transfers else {}),
-            # the lr's batch scaling changes every trial's lr and the release (absent: none, as before it existed)
-            **({"lr_reference_batch": space.lr_reference_batch, "lr_batch_power": space.lr_batch_power}
-               if space.lr_reference_batch is not None else {})}
+            "tune_fraction": space.tune_fraction, **({"sealed_params": "final-run"} if space.transfers else {}),
+            # sealed_params: a search planning its final run seals final-run params (an older scaled search sealed
+            # its trials'; the key tells them apart); the lr's batch scaling only when set, as before it existed
+            **{k: getattr(space, k) for k in ("lr_reference_batch", "lr_batch_power") if space.lr_reference_batch}}
 
 
 def _privacy_spec(p: PrivacySpec) -> dict[str, Any]:  # JSON-stable: the rule's settings as a mapping
