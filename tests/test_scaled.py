@@ -119,7 +119,8 @@ def test_search_share_that_cannot_pay_names_the_field() -> None:
 def test_mnist_spaces_run_each_batch_and_epochs_at_its_own_cheap_sigma() -> None:
     """The whole-space MNIST searchers (random, TPE, scaled B × lr): every reachable (B, E) has its own trial σ_c,
     in proportion to q·√T (about the same cost each; small batches are not run at a large batch's noise), the
-    charge is the exact worst case over those points, and trial lr = L·σ_f(B, E)/σ_c(B, E) by hand."""
+    charge is the exact worst case over those points, and trial lr = L·s(B)·σ_f(B, E)/σ_c(B, E) by hand (s(B): the
+    space's lr batch scaling, √(B/256) in the whole-space spaces, 1 in the scaled one)."""
     for name in ("mnist.yaml", "mnist_tpe.yaml", "mnist_scaled.yaml"):
         space = load_space(ROOT / "search_spaces" / name)
         plan = A.plan_search(space, 8000, compare=False)
@@ -130,7 +131,8 @@ def test_mnist_spaces_run_each_batch_and_epochs_at_its_own_cheap_sigma() -> None
             assert sc == pytest.approx(max(0.5, tp.trial_sigma * w[b, e] / top), rel=1e-12)
             cfg = space.fixed.replace(batch_size=b, epochs=e, learning_rate=0.7)
             t = tp.trial_config(cfg)
-            assert (t.noise_multiplier, t.learning_rate) == (sc, pytest.approx(0.7 * sf / sc, rel=1e-12))
+            scale = math.sqrt(b / 256) if name != "mnist_scaled.yaml" else 1.0
+            assert (t.noise_multiplier, t.learning_rate) == (sc, pytest.approx(0.7 * scale * sf / sc, rel=1e-12))
             # σ_f(B, E): the smallest σ whose final run on 9000 examples, composed with the search, fits the target
             # (dptune's accountant: dp_accounting prices neither a worst case nor random stopping)
             assert A.epsilon([plan.search_event, _final(sf, e, 9000, b)], 1e-5) <= 2 * (1 + 1e-6)
