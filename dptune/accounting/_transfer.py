@@ -87,7 +87,7 @@ class TransferPlan:
         return self.final_lr(config) * self.final_sigma(config.batch_size, config.epochs)
 
     def trial_config(self, config: TrialConfig) -> TrialConfig:
-        """The trial that stands for final-run ``config``: σ_c(B, E), and lr = L·σ_f(B, E)/σ_c(B, E)."""
+        """The trial that stands for searched ``config``: σ_c(B, E), and lr = its final lr·σ_f(B, E)/σ_c(B, E)."""
         sigma_c = self.trial_sigma_of(config.batch_size, config.epochs)
         return config.replace(noise_multiplier=sigma_c, learning_rate=self.lr_times_sigma(config) / sigma_c)
 
