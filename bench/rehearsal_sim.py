@@ -50,7 +50,7 @@ import numpy as np
 from harness.context import parse_seeds
 from harness.proxy import carried, final_run, merged, proxy_data, whole_budget
 
-from dptune.accounting import plan_search, plan_transfer, rehearsal_key
+from dptune.accounting import lr_batch_scale, plan_search, plan_transfer, rehearsal_key
 from dptune.config import SearchSpace, load_space, nominal_train_size
 from dptune.searchers import searcher
 
@@ -173,9 +173,8 @@ def of_space(space: SearchSpace, row: dict[str, Any]) -> dict[str, Any] | None:
     lr = space.space.get("learning_rate")
     if lr is not None and "learning_rate" in params and (ref, power) != (space.lr_reference_batch, space.lr_batch_power):
         b = params.get("batch_size", space.fixed.batch_size)
-        final_lr = params["learning_rate"] * (1.0 if ref is None else (b / ref) ** power)
-        mine = space.lr_reference_batch
-        params["learning_rate"] = float(f"{final_lr / (1.0 if mine is None else (b / mine) ** space.lr_batch_power):.6g}")
+        final_lr = params["learning_rate"] * lr_batch_scale(b, ref, power)
+        params["learning_rate"] = float(f"{final_lr / lr_batch_scale(b, space.lr_reference_batch, space.lr_batch_power):.6g}")
         low, high = getattr(lr, "low", -math.inf), getattr(lr, "high", math.inf)
         if not low * (1 - 1e-6) <= params["learning_rate"] <= high * (1 + 1e-6):
             return None

@@ -97,7 +97,7 @@ def released_params(space: SearchSpace, best: TrialRow | None, n_train: int, *,
     releases the index only: no score (the trial's sealed score is its raw validation accuracy).
     """
     params = {k: getattr(space.default, k) for k in space.space} if best is None else dict(best.params)
-    if transfer is not None:  # the final run's σ_f and lr (L, or L·B/search.lr_reference_batch)
+    if transfer is not None:  # the final run's σ_f and lr (L, or L·(B/ref)^p under search.lr_reference_batch)
         final = transfer.final_config(space.fixed.replace(**params))
         params.update(noise_multiplier=final.noise_multiplier, learning_rate=final.learning_rate)
     if best is None:

@@ -78,6 +78,7 @@ from dptune.accounting._transfer import (
     TransferAdvice,
     TransferPlan,
     advise_transfer,
+    lr_batch_scale,
     plan_transfer,
     rehearsal_key,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "min_subsample_size",
     "advise_transfer",
     "clipping_sensitivity",
+    "lr_batch_scale",
     "plan_transfer",
     "rehearsal_key",
     "plan_search",

@@ -35,7 +35,13 @@ from dptune.config import ConfigError, SearchSpace, TrialConfig, nominal_train_s
 from dptune.errors import check_positive
 from dptune.searchers import searcher
 
-__all__ = ["TransferAdvice", "TransferPlan", "advise_transfer", "plan_transfer"]
+__all__ = ["TransferAdvice", "TransferPlan", "advise_transfer", "lr_batch_scale", "plan_transfer"]
+
+
+def lr_batch_scale(batch_size: float, reference: int | None, power: float = 1.0) -> float:
+    """The final run's lr over the searched L at ``batch_size``: (B/``reference``)^``power``
+    (``search.lr_reference_batch``, ``search.lr_batch_power``), 1 without a reference."""
+    return 1.0 if reference is None else (batch_size / reference) ** power
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +85,7 @@ class TransferPlan:
     def final_lr(self, config: TrialConfig) -> float:
         """The final run's lr for searched config ``config``: L, or L·(B/``lr_reference_batch``)^``lr_batch_power``
         (power 1: the linear scaling rule) when the space gives one."""
-        ref = self.lr_reference_batch
-        return config.learning_rate * (1.0 if ref is None else (config.batch_size / ref) ** self.lr_batch_power)
+        return config.learning_rate * lr_batch_scale(config.batch_size, self.lr_reference_batch, self.lr_batch_power)
 
     def lr_times_sigma(self, config: TrialConfig) -> float:
         """lr·σ_f(B, E) of the final run of searched config ``config``: the update noise the release's rule keeps."""
