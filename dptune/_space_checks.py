@@ -22,7 +22,7 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
 
 SELECTIONS = ("best_score", "noisy_max")
 ACCOUNTING_MODES = ("random_stopping", "composed")
-SEARCHERS = tuple(_searchers.SEARCHERS)  # the registry's names (dptune.searchers)
+SEARCHERS = _searchers.SEARCHERS  # the live registry (dptune.searchers): a searcher registered later is a valid name
 SCHEDULERS = ("fifo", "asha")  # asha: planned, refused until it is charged per rung (check_space)
 # Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
 # the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
