@@ -98,3 +98,29 @@ def test_an_unregistered_name_is_refused_naming_the_registered_ones(plugins: Non
     with pytest.raises(ConfigError):
         _space("midpoint_plugin_test")
     register(MidpointSearcher())  # the fixture removes it again
+
+
+def test_registration_checks_the_attributes_rule_7_reads_against_the_hooks() -> None:
+    class Sneaky(MidpointSearcher):  # chooses from earlier scores but says it is not adaptive
+        name: ClassVar[str] = "sneaky_plugin_test"
+
+        def sampler(self, space: SearchSpace, seed: int) -> Any:
+            import optuna
+
+            return optuna.samplers.TPESampler(seed=seed)
+
+    class FixedUnderStopping(MidpointSearcher):
+        name: ClassVar[str] = "fixed_plugin_test"
+        fixed_candidates: ClassVar[bool] = True
+
+    class AdaptiveUnderStopping(MidpointSearcher):
+        name: ClassVar[str] = "adaptive_stopping_plugin_test"
+        adaptive: ClassVar[bool] = True
+
+    for cls, words in ((Sneaky, "adaptive = True"), (FixedUnderStopping, "accounting = ('composed',)"),
+                       (AdaptiveUnderStopping, "random stopping does not cover it")):
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            register(cls())
+        assert cls.name not in SEARCHERS
+    with pytest.raises(ValueError, match="registered twice"):
+        register(SEARCHERS["random"].__class__())

@@ -19,8 +19,17 @@ SEARCHERS: dict[str, Searcher] = {}
 
 
 def register(s: Searcher) -> Searcher:
+    """Add a searcher. Rule 7 reads its class attributes, so they are checked against what its hooks do: one that
+    chooses while running (an Optuna ``sampler``) sees earlier private scores and must be adaptive; one with fixed
+    candidates runs exactly them, so its K is fixed: composed accounting only."""
     if s.name in SEARCHERS:
         raise ValueError(f"searcher {s.name!r} is registered twice")
+    if type(s).sampler is not Searcher.sampler and not s.adaptive:
+        raise ValueError(f"searcher {s.name!r} chooses while running (it overrides sampler), so its trials depend on "
+                         "earlier private scores: set adaptive = True (rule 7: composed accounting only)")
+    if (s.adaptive or s.fixed_candidates) and "random_stopping" in s.accounting:
+        raise ValueError(f"searcher {s.name!r} is {'adaptive' if s.adaptive else 'a fixed-candidates searcher'}: "
+                         "random stopping does not cover it; set accounting = ('composed',)")
     SEARCHERS[s.name] = s
     return s
 
