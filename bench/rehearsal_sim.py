@@ -269,13 +269,13 @@ def report(space: SearchSpace, sims: list[dict[str, Any]], rows: list[dict[str, 
         q = " / ".join(f"{100 * x:+.1f}" for x in r["quantiles"])
         lines.append(f"| {r['epsilon']:g} | {r['seed']} | {100 * r['baseline']:.1f} | {r['k']:.2f} | "
                      f"{r['largest_batch']:.2f} | {100 * r['gain']:+.2f} | {q} |")
-    means = {}
+    means, ses = {}, {}
     lines += ["", "| ε | seeds | rehearsed gain (points) | std error over seeds |", "|---|---|---|---|"]
     for e in epsilons:
         g = [r["gain"] for r in sims if r["epsilon"] == e]
         means[e] = float(np.mean(g))
-        se = np.std(g, ddof=1) / math.sqrt(len(g)) if len(g) > 1 else float("nan")
-        lines.append(f"| {e:g} | {len(g)} | {100 * means[e]:+.2f} | {100 * se:.2f} |")
+        ses[e] = np.std(g, ddof=1) / math.sqrt(len(g)) if len(g) > 1 else float("nan")
+        lines.append(f"| {e:g} | {len(g)} | {100 * means[e]:+.2f} | {100 * ses[e]:.2f} |")
     head = "The proxy's grid (accuracy %, trial validation / final test)"
     if space.lr_reference_batch is not None:
         head += (f"; each record as it ran (learning_rate: the space's that ran it), read by this space at its L = "
@@ -292,9 +292,9 @@ def report(space: SearchSpace, sims: list[dict[str, Any]], rows: list[dict[str, 
         lines.append(f"| {r['epsilon']:g} | {r['seed']} | {shown} | {100 * r['val']:.1f}{' (div)' * r['diverged']} | "
                      + (f"{100 * f['test']:.1f}" if f else "–") + " |")
     lines += ["", "```yaml", "  rehearsal: {" + ", ".join(f"{e:g}: {m:.4f}" for e, m in sorted(means.items())) + "}",
-              f'  rehearsal_of: "{rehearsal_key(space)}"', "  rehearsal_se: {" + ", ".join(
-                  f"{e:g}: {np.std(g, ddof=1) / math.sqrt(len(g)):.4f}" for e in epsilons
-                  if len(g := [r["gain"] for r in sims if r["epsilon"] == e]) > 1) + "}", "```", ""]
+              f'  rehearsal_of: "{rehearsal_key(space)}"',
+              "  rehearsal_se: {" + ", ".join(f"{e:g}: {se:.4f}" for e, se in ses.items() if math.isfinite(se)) + "}",
+              "```", ""]
     return "\n".join(lines)
 
 

@@ -78,7 +78,7 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             "tune_fraction": space.tune_fraction, **({"sealed_params": "final-run"} if space.transfers else {}),
             # sealed_params: a search planning its final run seals final-run params (an older scaled search sealed
             # its trials'; the key tells them apart); the lr's batch scaling only when set, as before it existed
-            **{k: getattr(space, k) for k in ("lr_reference_batch", "lr_batch_power") if space.lr_reference_batch}}
+            **{k: getattr(space, k) for k in ("lr_reference_batch", "lr_batch_power") if space.lr_reference_batch is not None}}
 
 
 def _privacy_spec(p: PrivacySpec) -> dict[str, Any]:  # JSON-stable: the rule's settings as a mapping
