@@ -188,14 +188,14 @@ def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any
                                                include_one=True)
     ref = search_raw.get("lr_reference_batch")
     if ref is not None:
-        ref = coerce_value("search.lr_reference_batch", ref, int)
         if isinstance(ref, bool) or not isinstance(ref, int) or ref < 1:
             raise ConfigError("search.lr_reference_batch", f"{ref!r} is not a batch size",
                               "give the batch size the searched learning rate is meant at, e.g. 256")
         out["lr_reference_batch"] = ref
     if "lr_batch_power" in search_raw:
-        power = coerce_value("search.lr_batch_power", search_raw["lr_batch_power"], float)
-        if ref is None or not (isinstance(power, int | float) and math.isfinite(power) and 0 < power <= 2):
+        power = search_raw["lr_batch_power"]
+        if ref is None or isinstance(power, bool) or not (isinstance(power, int | float) and math.isfinite(power)
+                                                          and 0 < power <= 2):
             raise ConfigError("search.lr_batch_power", f"{power!r} scales the lr with batch size only beside "
                               "search.lr_reference_batch, and only by a power in (0, 2]",
                               "give search.lr_reference_batch and a power such as 1 (linear) or 0.5, or remove it")

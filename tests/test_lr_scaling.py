@@ -66,6 +66,7 @@ def test_the_final_and_trial_lr_scale_with_batch_size_by_hand(power: float) -> N
     ({"lr_reference_batch": 256, "lr_batch_power": 3}, "search.lr_batch_power"),
     ({"lr_reference_batch": 256, "lr_batch_power": 0}, "search.lr_batch_power"),
     ({"lr_reference_batch": 256, "lr_batch_power": "half"}, "search.lr_batch_power"),
+    ({"lr_reference_batch": 256, "lr_batch_power": True}, "search.lr_batch_power"),  # YAML true is not a power
     ({"lr_reference_batch": 0}, "search.lr_reference_batch"),
     ({"lr_reference_batch": "big"}, "search.lr_reference_batch"),
 ])
