@@ -3,8 +3,9 @@
 A layer is a module owning trainable parameters (its weight and bias clip together). Each layer's clip norm C_l
 comes from a **public** dataset only: the model of the config at its seed-0 initialisation (no data involved),
 each public example's gradient alone (whole-model vmap), the ``quantile`` of each layer's per-example norms, then
-all scaled so that sqrt(Σ C_l²) = max_grad_norm. During training each example's gradient is clipped layer by
-layer (factor min(1, C_l / ‖g_l‖) per layer), so the whole clipped gradient has norm <= sqrt(Σ C_l²) = C: the
+all scaled so that sqrt(Σ C_l²) = max_grad_norm. The engine rescales them to each trial's own C (a searched
+``max_grad_norm``, the final run's C), so sqrt(Σ C_l²) = C wherever they are used. During training each example's
+gradient is clipped layer by layer (factor min(1, C_l / ‖g_l‖) per layer), so the whole clipped gradient has norm <= sqrt(Σ C_l²) = C: the
 sensitivity, noise and charge of flat clipping at C. Nothing here reads the private data.
 """
 
@@ -30,9 +31,12 @@ def layer_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def layer_clip_norms(model: nn.Module, layer_clip: dict[str, float]) -> tuple[list[int], list[float]]:
-    """Each trainable parameter's layer index (``model.parameters()`` order) and each layer's C_l; ConfigError
-    when the constants were computed for another model."""
+def layer_clip_norms(model: nn.Module, layer_clip: dict[str, float], max_grad_norm: float
+                     ) -> tuple[list[int], list[float]]:
+    """Each trainable parameter's layer index (``model.parameters()`` order) and each layer's C_l, scaled so that
+    sqrt(Σ C_l²) = ``max_grad_norm``: the trial's own C, whatever C the constants were computed for (a searched
+    C would otherwise keep the C_l of another C while the noise follows its own); ConfigError when the constants
+    were computed for another model."""
     names = [layer_of(n) for n, p in model.named_parameters() if p.requires_grad]
     missing = sorted(set(names) - set(layer_clip))
     extra = sorted(set(layer_clip) - set(names))
@@ -40,7 +44,12 @@ def layer_clip_norms(model: nn.Module, layer_clip: dict[str, float]) -> tuple[li
         raise ConfigError("layer_clip", f"the per-layer clip norms name other layers than the model's "
                           f"(missing {missing[:3]}, unknown {extra[:3]})", "let alc compute them for this model")
     layers = list(dict.fromkeys(names))
-    return [layers.index(n) for n in names], [float(layer_clip[n]) for n in layers]
+    shares = [float(layer_clip[n]) for n in layers]
+    total = math.sqrt(sum(v * v for v in shares))
+    if not (math.isfinite(total) and total > 0 and all(v > 0 for v in shares)):
+        raise ConfigError("layer_clip", "the per-layer clip norms must be positive and finite",
+                          "let alc compute them for this model")
+    return [layers.index(n) for n in names], [v * max_grad_norm / total for v in shares]
 
 
 def layer_constants(config: TrialConfig, public: tuple[torch.Tensor, torch.Tensor], num_classes: int,
@@ -67,7 +76,7 @@ def layer_constants(config: TrialConfig, public: tuple[torch.Tensor, torch.Tenso
         out = torch.func.functional_call(model, ({**ps, **buffers},), (xi.unsqueeze(0),))
         return F.cross_entropy(out, yi.unsqueeze(0))
 
-    per_example = torch.func.vmap(torch.func.grad(loss_one), in_dims=(None, 0, 0))
+    per_example = torch.func.vmap(torch.func.grad(loss_one), in_dims=(None, 0, 0), randomness="different")
     sq: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad():
         for i in range(0, len(y), 128):
@@ -114,5 +123,5 @@ class LayerwiseEngine(VmapEngine):
             raise ConfigError("layer_clip", "clipping alc has no per-layer clip norms", "give the space an alc: "
                               "section (dptune.search computes them from its public data before anything runs)")
         opt = ClippingDPOptimizer(base, **kw)
-        opt.layer_clip = layer_clip_norms(model, config.layer_clip)
+        opt.layer_clip = layer_clip_norms(model, config.layer_clip, config.max_grad_norm)
         return cls(model, opt)

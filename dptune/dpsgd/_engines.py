@@ -164,7 +164,9 @@ class VmapEngine(Engine):
             out = torch.func.functional_call(model, ({**dict(zip(names, params, strict=True)), **buffers},), (xk,))
             return F.cross_entropy(out, yk)
 
-        self._grads = torch.func.vmap(torch.func.grad_and_value(loss_one), in_dims=(None, 0, 0))
+        # randomness "different": each example its own dropout masks (the guard refuses any other random draw)
+        self._grads = torch.func.vmap(torch.func.grad_and_value(loss_one), in_dims=(None, 0, 0),
+                                      randomness="different")
 
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
         k = max(views, 1)

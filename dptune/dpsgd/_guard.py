@@ -1,40 +1,53 @@
 """The clipping guard: proves, for the model at hand and the engine a trial will run, that one example moves the
-clipped sum by at most C. Run before anything is charged (``validate_model``) and at every trial start.
+clipped sum by at most C in the conditions training really runs. Run before anything is charged
+(``validate_model``) and at every trial start.
 
 Why a probe and not a list of layers. dptune's guarantee rests on one invariant: in every DP-SGD step, each
 example's contribution to the summed gradient, over all trainable parameters, has norm <= C. The per-layer
 engines (Opacus' hooks, ghost clipping, dptune's book-keeping) compute each example's norm layer by layer and
 are exact only for ordinary models. A weight used outside its module's call (a tied head), a Linear over
 ``(N·P, d)`` rows, a non-zero padding mode, a batch statistic outside a BatchNorm module (``h - h.mean(0)``),
-an in-place op after a hooked layer, a module called twice, a subclass that transforms its weight: each made some
-mode's per-example norm or sum differ from the true one, some by far more than C. Whole-model functorch (vmap of
-each example alone) is exact for all of them. So the guard measures the engine on the model instead:
+an in-place op after a hooked layer, a module called twice, a subclass that transforms its weight, a batch
+statistic used only from 8 rows on, a gradient rescaled by the number of rows, state kept between forward
+passes: each made some mode's per-example norm or sum differ from the true one, some by far more than C.
+Whole-model functorch (vmap of each example alone) is exact for the stateless ones. So the guard measures the
+engine on the model instead:
 
-On a throwaway float64 copy (seed-0 init), with noise σ = 0 and a clip norm C below every example's gradient norm
-(so every example is clipped and a wrong norm shows as a wrong scale), on ``EXAMPLES`` synthetic inputs of the
-dataset's shape from a fixed generator (no data is read; the guard's answer is a function of the config alone):
+First the forward pass itself (``_purity.check_forward``): a model whose forward pass writes what it saw into
+its state (a buffer, an attribute: carried into the next step and released with the model), or draws random
+numbers other than dropout masks, is refused. Then, on a throwaway float64 copy (seed-0 init), with noise σ = 0,
+on ``EXAMPLES`` synthetic inputs of the dataset's shape from a fixed generator (no data is read; the guard's
+answer is a function of the config alone), dropout masks off (``_purity.ProbeRandomness``):
 
 1. reference: each example alone through plain autograd (its augmented views as a batch of their own, the
-   trainer's mean over views; the batch holds them twice, see ``_reference``), clipped by hand: ``clip(r_i) = r_i · min(1, C / (‖r_i‖ + 1e-6))`` (Opacus' factor);
-2. the engine: the clipped sum S(B) the optimizer adds its noise to (``p.summed_grad`` after ``pre_step``) for
-   the physical batch B (3 examples padded by a zero row to 4, as the trainer pads), and S(B ∖ {j}) for each j;
-3. checks: ‖S(B) − Σ_i clip(r_i)‖ <= TOL·C (each example contributes its own clipped gradient: additivity), and
-   ‖S(B) − S(B ∖ {j}) − clip(r_j)‖ <= TOL·C for every j (removing one example moves the sum by exactly its
-   clipped gradient, so by at most C); then one full optimizer step of the real optimizer on the copy.
+   trainer's mean over views; the batch holds them twice, see ``_reference``), clipped by hand at the probe's C:
+   ``clip(r_i) = r_i · min(1, C / (‖r_i‖ + 1e-6))`` (Opacus' factor; alc: layer by layer at the C_l scaled to C).
+   C lies between the examples' norms (some clipped, some not: a wrong norm shows as a wrong scale on the clipped
+   ones, a wrong gradient on the others) and differs from the config's C (the engine must follow its own C);
+2. the engine, ONE instance across every pass (as a trial runs its steps, so state kept between calls shows):
+   the clipped sum S the optimizer adds its noise to (``p.summed_grad`` after ``pre_step``) for
+   a) the ``EXAMPLES`` examples (padded as the loop pads), and each with one example removed;
+   b) the trial's own physical batch as the loop pads it: ``hi`` rows (examples repeated) that pad to the largest
+      physical batch a step of this trial has (``probe_rows``), and ``hi - 1`` rows, which pad to the bucket
+      below: two batches whose padded sizes differ;
+3. checks, on every pass: ‖S − Σ_i count_i · clip(r_i)‖ <= TOL·C (each example contributes its own clipped
+   gradient: additivity), and for each removed example ‖S(B) − S(B ∖ {j}) − clip(r_j)‖ <= TOL·C and, in
+   absolute terms, ‖S(B) − S(B ∖ {j})‖ <= (1 + TOL)·C; then one full optimizer step of the real optimizer.
 
 Batch clipping (``clipping: batch``) has no per-example term to compare: its probe checks its own invariant instead
 (``_batch_probe``: S(B) is the batch's clipped mean gradient, every S lies in the C-ball, one example moves it by at
-most 2C, the sensitivity charged).
+most 2C, the sensitivity charged), on one engine instance across its passes too.
 
 A mode that fails is refused (ConfigError naming ``clipping``, the measured error in units of C, and the mode that
 works), or, under ``clipping: auto``, replaced by functorch; a model that fails even in functorch (it cannot
-process one example alone) is refused in every mode.
+process one example alone, or keeps state between calls) is refused in every mode.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,16 +61,17 @@ from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import Engine, engine_mode, make_engine, quiet_hooks, resolve_clipping
 from dptune.dpsgd._loop import padded_size
+from dptune.dpsgd._purity import ProbeRandomness, check_forward, masks_off
 from dptune.models import build_model
 
-__all__ = ["ProbeResult", "guarded_clipping"]
+__all__ = ["ProbeResult", "guarded_clipping", "probe_rows"]
 
-EXAMPLES = 3  # real examples in the probe batch (plus one padding row)
+EXAMPLES = 4  # distinct synthetic examples in the probe (the large batches repeat them)
 TOL = 1e-6  # in units of C, float64
 EXACT = "functorch"  # whole-model vmap: each example alone, exact for every model the reference accepts
 
 # fields that do not change the model, the engine or the optimizer's kind: left out of the guard's cache key
-# (batch sizes only choose between ghost and hooks: the resolved mode is part of the key instead)
+# (the batch sizes enter as the probe's row count and the resolved mode; the probe picks its own C)
 _IRRELEVANT = ("seed", "learning_rate", "noise_multiplier", "max_grad_norm", "epochs", "score_noise", "ema_decay",
                "weight_decay", "momentum", "batch_size", "physical_batch_size")
 
@@ -79,6 +93,23 @@ class ProbeResult:
 
 class _Unfit(Exception):
     """The model cannot process one example alone: no mode can give it per-example gradients."""
+
+
+def probe_rows(config: TrialConfig, mode: str) -> int:
+    """The most real examples one physical batch of a trial of ``config`` holds: the physical chunk (accumulating
+    modes) or the whole logical batch, at most B + 4 sqrt(B) (the Poisson tail bound ``resolve_clipping`` uses);
+    the loop pads it to ``padded_size`` rows. Data-independent."""
+    b = config.batch_size
+    high = math.ceil(b + 4 * math.sqrt(b))
+    if clipping.mode(mode).accumulates:
+        high = min(high, max(1, config.physical_batch_size // max(config.augmult, 1)))
+    return max(high, 1)
+
+
+def _bucket_below(padded: int) -> int:
+    """The largest padded size below ``padded`` (0 for 1): ``padded_size`` buckets are powers of two up to 32,
+    then multiples of 32."""
+    return padded // 2 if padded <= 32 else padded - 32
 
 
 def _inputs(config: TrialConfig, num_classes: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -103,8 +134,9 @@ def _reference(build: Build, x: torch.Tensor, y: torch.Tensor, views: int) -> li
         params = [p for p in m.parameters() if p.requires_grad]
         try:
             xi = x[i * views:(i + 1) * views]
-            loss = F.cross_entropy(m(torch.cat([xi, xi])), y[i].repeat(2 * views))
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            with ProbeRandomness():
+                loss = F.cross_entropy(m(torch.cat([xi, xi])), y[i].repeat(2 * views))
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
         except Exception as e:
             raise _Unfit(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         out.append([torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads, strict=True)])
@@ -126,14 +158,27 @@ def _norm(ts: list[torch.Tensor]) -> float:
     return float(torch.sqrt(sum((t.double() ** 2).sum() for t in ts)))  # type: ignore[arg-type]
 
 
-def _clipped_sum(mode: str, build: Build, config: TrialConfig, x: torch.Tensor, y: torch.Tensor,
-                 views: int, rows: list[int], step: bool = False) -> list[torch.Tensor]:
-    """S(rows): the engine's clipped sum for the examples ``rows`` (zero padding rows appended as the trainer pads), as the
-    optimizer sees it before its noise; ``step``: then one real optimizer step."""
-    m = build()
-    engine: Engine = make_engine(mode, m, config, torch.Generator().manual_seed(0), noise_multiplier=0.0)
+def _between(norms: list[float]) -> float:
+    """A clip norm between the examples' norms (about half clipped), or below them all when they coincide."""
+    positive = sorted(n for n in norms if n > 0)
+    if not positive:
+        return 1.0
+    lo, hi = positive[(len(positive) - 1) // 2], positive[len(positive) // 2 + (len(positive) + 1) % 2]
+    return math.sqrt(lo * hi) if hi > lo * (1 + 1e-3) else 0.5 * positive[0]
+
+
+def _engine(mode: str, build: Build, config: TrialConfig) -> Engine:
+    engine = make_engine(mode, build(), config, torch.Generator().manual_seed(0), noise_multiplier=0.0)
     if engine_mode(engine) != mode:
         raise RuntimeError(f"the {mode} engine cannot be built for this model (it would run {engine_mode(engine)})")
+    return engine
+
+
+def _clipped_sum(engine: Engine, x: torch.Tensor, y: torch.Tensor, views: int, rows: list[int],
+                 step: bool = False) -> list[torch.Tensor]:
+    """S(rows): the engine's clipped sum for the examples ``rows`` (indices into the probe's examples; zero padding
+    rows appended as the trainer pads), as the optimizer sees it before its noise; ``step``: then one real
+    optimizer step. The engine's model is the same across calls: what it keeps between passes shows."""
     idx = torch.as_tensor([r * views + v for r in rows for v in range(views)], dtype=torch.long)
     pad = padded_size(len(rows)) - len(rows)  # zero rows, as the trainer pads its physical batches
     xb = torch.cat([x[idx], x.new_zeros((pad * views, *x.shape[1:]))])
@@ -159,20 +204,21 @@ class _Probe:
     """One model's per-example reference, computed once (raises ``_Unfit`` when the model cannot process one
     example alone); ``run(mode)`` measures an engine against it (see the module docstring), each mode once."""
 
-    def __init__(self, build: Build, config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]) -> None:
-        self.build = build
+    def __init__(self, build: Build, config: TrialConfig, num_classes: int, input_shape: tuple[int, ...],
+                 rows: int) -> None:
+        self.build, self.rows = build, rows
         self.x, self.y, self.views = _inputs(config, num_classes, input_shape)
         ref = _reference(build, self.x, self.y, self.views)
-        norms = [_norm(r) for r in ref]
-        positive = [n for n in norms if n > 0]
-        self.c = 0.5 * min(positive) if positive else 1.0  # every example clipped
-        self.clip = [[g * min(1.0, self.c / (n + 1e-6)) for g in r] for r, n in zip(ref, norms, strict=True)]
+        self.c = _between([_norm(r) for r in ref])
+        if config.max_grad_norm == self.c:  # never the config's own C: the engine must follow the C it is given
+            self.c *= 1.5
         self.config = config.replace(max_grad_norm=self.c)
-        if config.layer_clip is not None:  # alc: the reference clips layer by layer, C_l scaled with C
-            scaled = {k: v * self.c / config.max_grad_norm for k, v in config.layer_clip.items()}
-            index, clip = layer_clip_norms(build(), scaled)
+        if config.layer_clip is not None:  # alc: the reference clips layer by layer, C_l scaled to this C
+            index, clip = layer_clip_norms(build(), config.layer_clip, self.c)
             self.clip = [_clip_layers(r, index, clip) for r in ref]
-            self.config = self.config.replace(layer_clip=scaled)
+        else:
+            self.clip = [[g * min(1.0, self.c / (n + 1e-6)) for g in r] for r, n in zip(ref, map(_norm, ref),
+                                                                                        strict=True)]
         self._results: dict[str, ProbeResult] = {}
 
     def run(self, mode: str) -> ProbeResult:
@@ -181,27 +227,47 @@ class _Probe:
                 self._results[mode] = self._measure(mode)
         return self._results[mode]
 
-    def _sum(self, mode: str, rows: list[int], step: bool = False) -> list[torch.Tensor]:
-        return _clipped_sum(mode, self.build, self.config, self.x, self.y, self.views, rows, step=step)
+    def _pairs(self) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
+        """(B, B ∖ {j}, j): each example removed from the ``EXAMPLES`` examples, then the trial's own physical batch:
+        ``hi`` rows (examples repeated) that pad to its largest padded size, less its last row, which pads to the
+        bucket below (two batches whose padded sizes differ)."""
+        everyone = tuple(range(EXAMPLES))
+        out = [(everyone, tuple(i for i in everyone if i != j), j) for j in everyone]
+        below = _bucket_below(padded_size(self.rows))
+        if below >= 1:
+            hi = tuple(r % EXAMPLES for r in range(below + 1))
+            out.append((hi, hi[:-1], hi[-1]))
+        return out
+
+    def _expected(self, rows: tuple[int, ...]) -> list[torch.Tensor]:
+        return [sum((self.clip[r][k] for r in rows), torch.zeros_like(self.clip[0][k]))
+                for k in range(len(self.clip[0]))]
 
     def _measure(self, mode: str) -> ProbeResult:
-        c, everyone = self.c, list(range(EXAMPLES))
+        c = self.c
         error = worst = 0.0
         try:
-            full = self._sum(mode, everyone, step=True)
-            expected = [sum(parts) for parts in zip(*self.clip, strict=True)]
-            error = _norm([a - b for a, b in zip(full, expected, strict=True)]) / c
-            for j in everyone:
-                rest = self._sum(mode, [i for i in everyone if i != j])
-                moved = [a - b for a, b in zip(full, rest, strict=True)]
+            engine = _engine(mode, self.build, self.config)  # one instance for every pass, as a trial runs
+            sums: dict[tuple[int, ...], list[torch.Tensor]] = {}
+            for full, rest, _ in self._pairs():
+                for rows in (full, rest):
+                    if rows not in sums:  # each pass against the stateless reference: additivity
+                        with ProbeRandomness():  # dropout masks off, any other random draw refused
+                            sums[rows] = _clipped_sum(engine, self.x, self.y, self.views, list(rows))
+                        error = max(error, _norm([a - b for a, b in zip(sums[rows], self._expected(rows),
+                                                                        strict=True)]) / c)
+            for full, rest, j in self._pairs():  # removing one example moves the sum by its clipped gradient <= C
+                moved = [a - b for a, b in zip(sums[full], sums[rest], strict=True)]
                 worst = max(worst, _norm(moved) / c)
                 error = max(error, _norm([a - b for a, b in zip(moved, self.clip[j], strict=True)]) / c)
+            with ProbeRandomness():
+                _clipped_sum(engine, self.x, self.y, self.views, list(range(EXAMPLES)), step=True)
         except ConfigError as e:  # the engine's own refusal (a layer it knows it cannot clip exactly)
             return ProbeResult(mode, float("inf"), float("inf"), e.problem)
         except Exception as e:
             text = str(e).splitlines()[0] if str(e) else ""
             return ProbeResult(mode, float("inf"), float("inf"), f"it fails ({type(e).__name__}: {text})")
-        if not error <= TOL:  # also catches NaN
+        if not (error <= TOL and worst <= 1 + TOL):  # also catches NaN
             return ProbeResult(mode, error, worst, f"one example moves the clipped sum by up to {worst:.3g}·C and "
                                f"the sum differs from the per-example reference by {error:.3g}·C")
         return ProbeResult(mode, error, worst, None)
@@ -215,7 +281,9 @@ def _batch_probe(build: Build, config: TrialConfig, num_classes: int, input_shap
     everyone = list(range(EXAMPLES))
     m = build()
     params = [p for p in m.parameters() if p.requires_grad]
-    loss = F.cross_entropy(m(x), y.repeat_interleave(views), reduction="none").view(EXAMPLES, views).mean(1).mean()
+    with ProbeRandomness():
+        out = m(x)
+    loss = F.cross_entropy(out, y.repeat_interleave(views), reduction="none").view(EXAMPLES, views).mean(1).mean()
     ref = [torch.zeros_like(p) if g is None else g.detach()
            for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True), strict=True)]
     norm = _norm(ref)
@@ -224,13 +292,19 @@ def _batch_probe(build: Build, config: TrialConfig, num_classes: int, input_shap
     cfg = config.replace(max_grad_norm=c)
     error = worst = 0.0
     try:
-        full = _clipped_sum("batch", build, cfg, x, y, views, everyone, step=True)
+        engine = _engine("batch", build, cfg)  # one instance across the passes, as a trial runs
+        with ProbeRandomness():
+            full = _clipped_sum(engine, x, y, views, everyone)
         error = _norm([a - b for a, b in zip(full, expected, strict=True)]) / c
         largest = _norm(full) / c
         for j in everyone:
-            rest = _clipped_sum("batch", build, cfg, x, y, views, [i for i in everyone if i != j])
+            with ProbeRandomness():
+                rest = _clipped_sum(engine, x, y, views, [i for i in everyone if i != j])
             largest = max(largest, _norm(rest) / c)
             worst = max(worst, _norm([a - b for a, b in zip(full, rest, strict=True)]) / c)
+        with ProbeRandomness():
+            again = _clipped_sum(engine, x, y, views, everyone, step=True)  # the same batch again: nothing kept
+        error = max(error, _norm([a - b for a, b in zip(again, expected, strict=True)]) / c)
     except Exception as e:
         text = str(e).splitlines()[0] if str(e) else ""
         return ProbeResult("batch", float("inf"), float("inf"), f"it fails ({type(e).__name__}: {text})")
@@ -248,7 +322,7 @@ def _builder(config: TrialConfig, num_classes: int, input_shape: tuple[int, ...]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = checked_model(build_model(config, num_classes, input_shape), config)  # type: ignore[arg-type]
-        return model.double().train()
+        return masks_off(model.double().train())
 
     return build
 
@@ -260,21 +334,25 @@ def guarded_clipping(config: TrialConfig, num_classes: int, input_shape: tuple[i
     trial start get the same answer; cached per process."""
     mode = resolve_clipping(config, basis=config.batch_size)  # the basis only bounds B: checked by the trial
     public = {k: v for k, v in config.to_dict().items() if k not in _IRRELEVANT}
-    return _guarded(json.dumps(public, sort_keys=True, default=str), mode, num_classes, tuple(input_shape))
+    return _guarded(json.dumps(public, sort_keys=True, default=str), mode, probe_rows(config, mode), num_classes,
+                    tuple(input_shape))
 
 
 @functools.lru_cache(maxsize=256)
-def _guarded(key: str, mode: str, num_classes: int, input_shape: tuple[int, ...]) -> tuple[str, str | None]:
+def _guarded(key: str, mode: str, rows: int, num_classes: int, input_shape: tuple[int, ...]) -> tuple[str, str | None]:
     config = TrialConfig.from_dict(json.loads(key))
+    build = _builder(config, num_classes, input_shape)
+    gen = torch.Generator().manual_seed(20261127)  # synthetic inputs: no data is read
+    check_forward(build, torch.randn((6 * max(config.augmult, 1), *input_shape), generator=gen, dtype=torch.float64))
     if not clipping.mode(mode).per_example:  # its own invariant (batch clipping: the clipped mean, <= 2C)
         with quiet_hooks():
-            result = _batch_probe(_builder(config, num_classes, input_shape), config, num_classes, input_shape)
+            result = _batch_probe(build, config, num_classes, input_shape)
         if not result.exact:
             raise ConfigError("clipping", f"batch clipping is not exact for this model: {result.failure}",
-                              "make the forward pass deterministic (no dropout or other randomness in forward)")
+                              "make the forward pass deterministic (no randomness in forward other than dropout)")
         return mode, None
     try:
-        probe = _Probe(_builder(config, num_classes, input_shape), config, num_classes, input_shape)
+        probe = _Probe(build, config, num_classes, input_shape, rows)
     except _Unfit as e:
         raise ConfigError("model", f"it cannot compute the loss of one example alone ({e}), so no clipping mode "
                           "can bound one example's effect", "make every output depend on its own input only "

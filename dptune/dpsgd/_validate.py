@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dptune import clipping
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._checked import checked_model, first_sentence
 from dptune.dpsgd._engines import make_engine
@@ -39,7 +40,29 @@ def validate_model(config: TrialConfig, num_classes: int, input_shape: tuple[int
         _smoke_forward(model, config, num_classes, input_shape)
         mode, note = guarded_clipping(config, num_classes, input_shape)
         _smoke_backward(model, config, mode, num_classes, input_shape)  # float32, as the trial runs
+        if not clipping.mode(mode).per_example:
+            _smoke_score_one(model, config, num_classes, input_shape)
     return mode, note
+
+
+def _smoke_score_one(model: nn.Module, config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> None:
+    """Batch clipping's score counts correct predictions one example at a time (each prediction must depend on
+    its own example: sensitivity 1), in evaluation mode: a model that cannot predict one example alone would
+    fail only after its training was charged."""
+    x, _ = _smoke_inputs(config, num_classes, shape)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(x[:1])
+    except Exception as e:
+        raise ConfigError("model", f"under clipping: batch the released score predicts one example at a time (so "
+                          f"that each prediction depends on its own example only), and this model fails on one "
+                          f"example ({first_sentence(e)})", "make the model accept a batch of one in evaluation "
+                          "mode (GroupNorm, or inputs large enough for its pooling), or use a per-example clipping "
+                          "mode") from e
+    finally:
+        model.train(was_training)
 
 
 def _smoke_inputs(config: TrialConfig, num_classes: int, shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:

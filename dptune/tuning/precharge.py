@@ -28,8 +28,11 @@ def validate_models(space: SearchSpace, data: Any) -> tuple[str, ...]:
     for key in _ENGINE_KEYS:
         if key in space.space:
             values = sorted(set(support_values(space.space[key])), key=str)
-            # batch sizes only decide between ghost and hooks (B + 4 sqrt(B) vs the physical batch): extremes
-            options[key] = [min(values), max(values)] if key in ("batch_size", "physical_batch_size") else values
+            # batch sizes decide the physical batch the guard probes at (and ghost vs hooks): every value of a short
+            # list, the extremes of a long range (every trial start probes its own batch again)
+            if key in ("batch_size", "physical_batch_size") and len(values) > 16:
+                values = [min(values), max(values)]
+            options[key] = values
     notes: list[str] = []
     for combo in itertools.product(*options.values()):
         _, note = validate_model(space.fixed.replace(**dict(zip(options, combo, strict=True))),
