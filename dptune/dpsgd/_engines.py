@@ -100,6 +100,9 @@ class Engine:
 
     mode: ClassVar[str] = ""
     optimizer_class: ClassVar[type[DPOptimizer]] = ClippingDPOptimizer
+    # whether the model sees the physical batch (its rows, their count): False only where each example's forward
+    # runs alone whatever the batch (vmap), so the clipping guard need not probe at the trial's batch size
+    sees_batch: ClassVar[bool] = True
 
     @classmethod
     def build(cls, model: nn.Module, base: torch.optim.Optimizer, kw: dict[str, Any], config: TrialConfig) -> Engine:
@@ -154,6 +157,8 @@ class HooksEngine(Engine):
 class VmapEngine(Engine):
     """Whole-model torch.func: vmap(grad) over examples, each example's loss averaged over its views.
     One batched call instead of per-layer hooks; the fastest mode on CPU (see AUTO_CLIPPING)."""
+
+    sees_batch = False  # each vmap lane runs the model on one example (its views): the batch is invisible
 
     def __init__(self, model: nn.Module, optimizer: DPOptimizer) -> None:
         super().__init__(model, optimizer)

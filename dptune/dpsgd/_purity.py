@@ -5,7 +5,7 @@ State. A forward pass that writes what it saw into the model (a buffer, a tensor
 one batch's data into the next step (an example moves a later step's sum although it is not in that batch),
 and what it wrote is an un-noised statistic of private data that ``model_state`` would release. The check:
 two fresh copies of the model, one forward each on batches of different values and sizes (training mode, then
-evaluation mode, as the score is computed); anything in the model's state that differs between the two
+evaluation mode, as the score is computed, on the same copies); anything in the model's state that differs between the two
 copies afterwards was written by the data, and the model is refused (ConfigError naming it, before any
 charge). State that does not depend on the data (a call counter, a shape cache, a power-iteration vector of
 the weights) is the same in both copies and allowed.
@@ -106,12 +106,12 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) if type(a) is type(b) else False
 
 
-def _written_by_data(build: Callable[[], nn.Module], batches: tuple[torch.Tensor, torch.Tensor], train: bool
+def _written_by_data(models: tuple[nn.Module, nn.Module], batches: tuple[torch.Tensor, torch.Tensor], train: bool
                      ) -> list[str]:
-    """The state entries that differ between two fresh copies after one forward pass each on different data."""
+    """The state entries that differ between two copies after one forward pass each on different data."""
     after = []
-    for x in batches:
-        m = masks_off(build().train(train))
+    for m, x in zip(models, batches, strict=True):
+        masks_off(m.train(train))
         with ProbeRandomness(), torch.no_grad():
             m(x)
         after.append(_state(m))
@@ -130,9 +130,10 @@ def check_forward(build: Callable[[], nn.Module], x: torch.Tensor) -> None:
                               "across examples, so no clipping mode can bound one example's effect",
                               "set scale_grad_by_freq=False")
     batches = (x[:4], torch.flip(x, dims=(0,))[:6] * 1.5)
+    models = (build(), build())
     try:
-        for train in (True, False):
-            written = _written_by_data(build, batches, train)
+        for train in (True, False):  # the same two copies: what training wrote and evaluation then writes
+            written = _written_by_data(models, batches, train)
             if written:
                 raise ConfigError("model", f"its {'training' if train else 'evaluation'} forward pass writes "
                                   f"what it saw into the model: {', '.join(written[:3])} differs after a forward "
