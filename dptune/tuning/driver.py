@@ -119,9 +119,9 @@ class _Prepared:
 
 
 def _prepare(req: SearchRequest) -> _Prepared:
-    from dptune.data import load_dataset
+    from dptune.data import check_planned_size, load_dataset
 
-    data = load_dataset(req.space.dataset)
+    check_planned_size(req.space.dataset, data := load_dataset(req.space.dataset))  # the sizes `dptune plan` priced
     if req.space.alc is not None:  # per-layer clip norms from the public data, before anything is checked or charged
         req = dataclasses.replace(req, space=with_layer_clip(req.space, data))
     notes = validate_models(req.space, data)
