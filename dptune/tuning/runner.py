@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -117,6 +118,26 @@ def _gpus(opts: RayOptions) -> float:
 
 
 LOST_WORKER = "  a worker was lost; the trial was retried as the same trial (details in sealed/logs only)"
+TRIAL_RAISED = ("  a trial raised an error that is not a result of the data (the model factory, an import, memory); "
+                "Ray retries it as the same trial (the error: sealed/logs/trials.log, curator only)")
+TRIAL_FAILED = "  a trial failed (infrastructure); it was retried as the same trial (details in sealed/logs only)"
+
+
+def recovery_line(error: BaseException | None) -> str:
+    """The one fixed line said when Ray retries a trial: a lost worker process or node (an actor that died, a
+    crashed worker, a dead node), or an error the trial raised (a RayTaskError whose cause is not a lost actor, an
+    actor whose creation raised). Never the error's text: that stays in sealed/logs."""
+    from ray import exceptions as rex
+
+    if error is None:  # Tune recorded none that can be read back
+        return TRIAL_FAILED
+    if isinstance(error, rex.RayTaskError):
+        error = error.cause if isinstance(error.cause, BaseException) else None
+    if isinstance(error, rex.RayActorError) and not error.actor_init_failed:
+        return LOST_WORKER
+    if isinstance(error, rex.WorkerCrashedError | rex.NodeDiedError | rex.ObjectLostError):
+        return LOST_WORKER
+    return TRIAL_RAISED
 
 
 def _trial_name(trial: Any) -> str:
@@ -154,7 +175,8 @@ def sealed_ray_logs(path: Path) -> Iterator[None]:
 
     ray_worker.print_to_stdstream = to_sealed
     try:
-        yield
+        with _fd2_sealed(fd):
+            yield
     finally:
         ray_worker.print_to_stdstream = printer
         for lg, handlers, propagate in saved:
@@ -162,6 +184,48 @@ def sealed_ray_logs(path: Path) -> Iterator[None]:
             lg.propagate = propagate
         handler.close()
         stream.close()  # a StreamHandler leaves its stream open: one file per search in a notebook's process
+
+
+@contextmanager
+def _fd2_sealed(sealed_fd: int) -> Iterator[None]:
+    """File descriptor 2 into the sealed log: Ray's C++ core worker writes its ERROR lines there itself (a killed
+    head raylet: "Attempting to recover N lost objects", N the driver's objects pinned on it), past Python's
+    logging. Python's ``sys.stderr``, when it wrote to descriptor 2, keeps writing to the terminal (dptune's own
+    lines); a notebook's ``sys.stderr`` is not descriptor 2 and stays as it is."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.flush()
+    terminal = os.dup(2)
+    before = sys.stderr
+    try:
+        on_fd2 = before.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        on_fd2 = False
+    os.dup2(sealed_fd, 2)
+    if on_fd2:
+        sys.stderr = os.fdopen(os.dup(terminal), "w", buffering=1, errors="backslashreplace")
+    try:
+        yield
+    finally:
+        if on_fd2:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.close()
+            sys.stderr = before
+        os.dup2(terminal, 2)
+        os.close(terminal)
+
+
+def _last_error(trial: Any) -> BaseException | None:
+    """The error Tune just recorded for ``trial`` (its pickle in the trial's sealed folder, written by this
+    process a moment ago), or None when there is none to read."""
+    from ray import cloudpickle
+
+    path = getattr(trial, "pickled_error_file", None)
+    try:
+        with open(path, "rb") as f:  # type: ignore[arg-type]
+            error = cloudpickle.load(f)
+    except Exception:  # no file (an error Tune could not pickle), or a class this process cannot import
+        return None
+    return error if isinstance(error, BaseException) else None
 
 
 class _SealedLog(Callback):
@@ -172,7 +236,7 @@ class _SealedLog(Callback):
         self.path = path
         self.show = show
         self.recoveries: dict[int, int] = {}
-        self.said_lost = False
+        self.said: set[str] = set()  # each fixed line once (one per loss would count the trials running)
 
     def _write(self, line: str) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -184,10 +248,12 @@ class _SealedLog(Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         index = int(trial.config.get("trial_index", -1))
         self.recoveries[index] = self.recoveries.get(index, 0) + 1
-        self._write(f"trial {index} lost its worker (infrastructure); retried as the same trial")
-        if not self.said_lost:
-            self.said_lost = True
-            print(LOST_WORKER, flush=True)
+        line = recovery_line(_last_error(trial))
+        what = {LOST_WORKER: "lost its worker", TRIAL_RAISED: "raised an error"}.get(line, "failed")
+        self._write(f"trial {index} {what} (infrastructure); retried as the same trial")
+        if line not in self.said:
+            self.said.add(line)
+            print(line, flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         r = trial.last_result or {}
