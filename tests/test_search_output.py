@@ -54,3 +54,58 @@ def test_a_trial_that_raises_is_not_reported_as_a_lost_worker() -> None:
     assert recovery_line(None) == TRIAL_FAILED  # nothing Tune recorded could be read: neither claim
     assert "raised" in TRIAL_RAISED and "worker was lost" not in TRIAL_RAISED and "sealed/logs" in TRIAL_RAISED
     assert "cannot run here" not in TRIAL_RAISED  # fixed words: the error's text is the curator's
+
+
+def _python(code: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp)})
+
+
+def test_a_full_disk_under_the_sealed_log_prints_no_logging_traceback(tmp_path: Path) -> None:
+    """Item 11: a full run folder printed a 77-line ``--- Logging error ---`` traceback (Ray's log records could not
+    be written to sealed/logs/ray.log) before dptune's one error line. The sealed log is best-effort: a record it
+    cannot write is dropped without a word. /dev/full is a real full disk: every write fails with ENOSPC."""
+    r = _python("""
+import logging
+from pathlib import Path
+from dptune.tuning.runner import sealed_ray_logs
+with sealed_ray_logs(Path('/dev/full')):
+    for name in ('ray', 'ray.tune', 'ray.tune.execution.tune_controller'):
+        logging.getLogger(name).error('Trial task failed for trial dptune_trial_00003')
+print('ok')
+""", tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert "Logging error" not in r.stderr and "Traceback" not in r.stderr and "dptune_trial" not in r.stderr, r.stderr
+
+
+def test_the_watcher_is_silent_when_the_search_ended_in_a_known_state_it_could_not_write(tmp_path: Path) -> None:
+    """Item 11: on a full run folder the search said the right ``error: OSError …`` and the resume command, then the
+    watcher (forked to speak when Ray's head raylet kills the driver) added a false "the search process ended
+    without finishing (Ray's head raylet died …)": it read the state file the full disk had kept at "running". The
+    driver now tells the watcher that it ended in a known state; a driver that just dies still gets the message."""
+    code = """
+import json, os, sys
+from pathlib import Path
+from dptune.rundir import RunDir
+from dptune.tuning.failures import watch_for_sudden_death
+run = RunDir(Path({run!r}))
+run.create()
+run.write_state(status="running", charge_id=1)
+watcher = watch_for_sudden_death(run, Path({ledger!r}), 1.25, "python -m dptune.search --resume")
+if {known}:
+    watcher.ended()  # the failure was handled and said; the state file could not record it
+os._exit(1)
+"""
+    for known in (True, False):  # the watcher holds the same stderr pipe: run() returns once it has exited
+        run = tmp_path / f"run-{known}"
+        r = _python(code.format(run=str(run), ledger=str(tmp_path / "ledger.sqlite"), known=known), tmp_path)
+        if known:
+            assert "ended without finishing" not in r.stderr and _status(run) == "running", r.stderr
+        else:
+            assert "ended without finishing" in r.stderr and "--resume" in r.stderr and _status(run) == "failed"
+
+
+def _status(run: Path) -> str:
+    import json
+
+    return str(json.loads((run / "sealed" / "state.json").read_text()).get("status"))

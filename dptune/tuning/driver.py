@@ -355,7 +355,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
         raise stopped(req.ledger, run, charge, e, interrupted=is_interrupt(e)) from None
     finally:  # the search ended in a known state: the watcher exits without a word
         if watcher is not None:
-            os.close(watcher)
+            watcher.ended()
 
 
 class _RefusedBeforeTrials(Exception):

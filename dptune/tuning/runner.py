@@ -146,6 +146,14 @@ def _trial_name(trial: Any) -> str:
     return f"trial_{secrets.token_hex(6)}"
 
 
+class _BestEffortHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A sealed log that cannot be written (a full disk) drops the record without a word: logging's default
+    prints a ``--- Logging error ---`` traceback to stderr, with the record (a trial's name) in it."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        pass
+
+
 @contextmanager
 def sealed_ray_logs(path: Path) -> Iterator[None]:
     """Ray's and Tune's log records, and the error messages Ray's driver prints for the cluster (a raylet's
@@ -155,7 +163,7 @@ def sealed_ray_logs(path: Path) -> Iterator[None]:
 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     stream = os.fdopen(fd, "a")
-    handler = logging.StreamHandler(stream)
+    handler = _BestEffortHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
     loggers = [logging.getLogger(n) for n in names]
@@ -183,7 +191,8 @@ def sealed_ray_logs(path: Path) -> Iterator[None]:
             lg.handlers = handlers
             lg.propagate = propagate
         handler.close()
-        stream.close()  # a StreamHandler leaves its stream open: one file per search in a notebook's process
+        with contextlib.suppress(OSError):  # a full disk: what is left unwritten is dropped, without a word
+            stream.close()  # a StreamHandler leaves its stream open: one file per search in a notebook's process
 
 
 @contextmanager
