@@ -109,3 +109,46 @@ def _status(run: Path) -> str:
     import json
 
     return str(json.loads((run / "sealed" / "state.json").read_text()).get("status"))
+
+
+def test_the_next_start_reaps_the_processes_a_killed_search_left(tmp_path: Path) -> None:
+    """Item 11: ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent`` outlived a SIGKILLed driver (alive 28 s later).
+    They rename themselves (``ray::…``: no path on their command line) but keep their logs open below the killed
+    search's private Ray folder. Removing that folder on the next start now ends every process of this user that
+    holds a file or its working directory there; a live search's processes and others are left alone."""
+    import os
+    import signal
+    import time
+
+    from dptune.tuning.raysession import remove_stale_ray_dirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live = tmp_path / "dptune-ray-stale", tmp_path / "dptune-ray-live"
+    for folder, owner in ((stale, f"{dead.pid} 1"), (live, f"{os.getpid()} ")):
+        (folder / "r" / "logs").mkdir(parents=True)
+        (folder / "owner").write_text(owner)
+    holder = ("import os, sys, time\n"
+              "f = open(os.environ['AGENT_LOG'], 'a')\n"
+              "sys.stdout.write('up\\n'); sys.stdout.flush()\n"
+              "time.sleep(600)\n")
+    procs = {}
+    for name, folder in (("agent", stale), ("live", live), ("other", tmp_path)):
+        log = folder / "r" / "logs" / "dashboard_agent.log" if folder != tmp_path else tmp_path / "other.log"
+        procs[name] = subprocess.Popen([sys.executable, "-c", holder], env={"AGENT_LOG": str(log), "PATH": "/usr/bin"},
+                                       stdout=subprocess.PIPE, text=True)
+        assert procs[name].stdout is not None and procs[name].stdout.readline() == "up\n"
+    try:
+        assert str(stale) not in Path(f"/proc/{procs['agent'].pid}/cmdline").read_text()  # as ray::DashboardAgent
+        removed = remove_stale_ray_dirs(str(tmp_path))
+        assert removed == [stale] and not stale.exists() and live.exists()
+        deadline = time.time() + 10
+        while procs["agent"].poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert procs["agent"].poll() is not None  # reaped
+        assert procs["live"].poll() is None and procs["other"].poll() is None  # left alone
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+            p.wait()
