@@ -19,7 +19,7 @@ def test_lines_rays_core_worker_writes_to_fd_2_go_to_the_sealed_log(tmp_path: Pa
     code = f"""
 import os, sys, threading
 from pathlib import Path
-from dptune.tuning.runner import sealed_ray_logs
+from dptune.tuning.raylog import sealed_ray_logs
 with sealed_ray_logs(Path({str(sealed)!r})):
     t = threading.Thread(target=lambda: os.write(2, b"[core_worker.cc:475] :info_message: Attempting to recover 7 "
                                                   b"lost objects by resubmitting their tasks\\n"))
@@ -43,7 +43,7 @@ def test_a_trial_that_raises_is_not_reported_as_a_lost_worker() -> None:
     memory), each in fixed words; the error itself stays in sealed/logs."""
     from ray import exceptions as rex
 
-    from dptune.tuning.runner import LOST_WORKER, TRIAL_FAILED, TRIAL_RAISED, recovery_line
+    from dptune.tuning.raylog import LOST_WORKER, TRIAL_FAILED, TRIAL_RAISED, recovery_line
 
     raised = rex.RayTaskError("ImplicitFunc.train", "Traceback …", RuntimeError("the model factory cannot run here"))
     assert recovery_line(raised) == TRIAL_RAISED
@@ -68,7 +68,7 @@ def test_a_full_disk_under_the_sealed_log_prints_no_logging_traceback(tmp_path: 
     r = _python("""
 import logging
 from pathlib import Path
-from dptune.tuning.runner import sealed_ray_logs
+from dptune.tuning.raylog import sealed_ray_logs
 with sealed_ray_logs(Path('/dev/full')):
     for name in ('ray', 'ray.tune', 'ray.tune.execution.tune_controller'):
         logging.getLogger(name).error('Trial task failed for trial dptune_trial_00003')
@@ -152,3 +152,43 @@ def test_the_next_start_reaps_the_processes_a_killed_search_left(tmp_path: Path)
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
             p.wait()
+
+
+def test_a_resumed_search_does_not_say_it_charged_before_any_trial(tmp_path: Path, monkeypatch: object) -> None:
+    """Item 11: after ``--resume`` the header said "charged to the ledger before any trial" just below "(no new
+    charge)": a resumed search charges nothing; it says that the charge made when the search began stands.
+    K = 0 (no Ray): the first session stops after its reservation, the second resumes it to its release."""
+    import pytest
+
+    from dptune.config import load_space
+    from dptune.ledger import Ledger
+    from dptune.tuning import driver
+    from dptune.tuning.runner import SearchInterrupted
+    from tests.conftest import digits_seed_with_k
+
+    mp = pytest.MonkeyPatch()
+    mp.chdir(tmp_path)
+    space = load_space(ROOT / "search_spaces" / "digits.yaml")
+    req = driver.SearchRequest(space=space, run_dir=Path("runs") / "r", ledger=Path("ledger.sqlite"),
+                               budget_epsilon=100, seed=digits_seed_with_k(0, 0))
+    first: list[str] = []
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        raise SearchInterrupted([])
+
+    try:
+        with mp.context() as inner:
+            inner.setattr(driver, "_run_trials", interrupted)
+            with pytest.raises(driver.SearchStopped):
+                driver.run_search(req, say=first.append)
+        assert any("charged to the ledger before any trial" in line for line in first), first
+        again: list[str] = []
+        import dataclasses
+
+        driver.run_search(dataclasses.replace(req, resume=True), say=again.append)
+    finally:
+        mp.undo()
+    text = "\n".join(again)
+    assert "(no new charge)" in text and "charged to the ledger before any trial" not in text, text
+    charge = Ledger(tmp_path / "ledger.sqlite").charges()[0]
+    assert charge.status == "committed" and f"epsilon = {charge.epsilon:.4f}" in text
