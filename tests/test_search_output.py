@@ -192,3 +192,46 @@ def test_a_resumed_search_does_not_say_it_charged_before_any_trial(tmp_path: Pat
     assert "(no new charge)" in text and "charged to the ledger before any trial" not in text, text
     charge = Ledger(tmp_path / "ledger.sqlite").charges()[0]
     assert charge.status == "committed" and f"epsilon = {charge.epsilon:.4f}" in text
+
+
+def test_what_a_notebook_sees_the_public_names_a_short_repr_and_runnable_hints(
+        tmp_path: Path, capsys: object) -> None:
+    """Item 11: ``dptune.SearchStopped`` was not exported although the docs name it so; ``print(found)`` dumped
+    ~2,300 characters of certificate internals; the ``set-budget`` refusal's hint used a bare ``python -m`` (every
+    other printed command names the running interpreter, so it runs as printed from any shell)."""
+    import re
+    import shlex
+
+    import pytest
+
+    import dptune
+    from dptune import accounting as A
+    from dptune.api import SearchResult
+    from dptune.certificate import Certificate
+    from dptune.cli.ledger import main as ledger_main
+    from dptune.ledger import Ledger
+    from dptune.tuning.driver import SearchStopped
+
+    assert dptune.SearchStopped is SearchStopped and "SearchStopped" in dptune.__all__
+
+    trial = A.trial_event(noise_multiplier=2.0, sampling_rate=0.1, steps=20, score_noise=5.0)
+    cert = Certificate.build("ds-1", 1e-5, [("search", A.stopping_rule("poisson", mean=2).search_event(trial))],
+                             {"rule": "poisson", "mean": 2.0})
+    found = SearchResult(tmp_path / "runs" / "r", tmp_path / "runs" / "r" / "release",
+                         {"learning_rate": 0.31, "batch_size": 64}, 0.8125, cert)
+    text = repr(found)
+    assert len(text) < 400 and str(found) == text, text
+    assert f"epsilon={cert.epsilon:.4g}" in text and "learning_rate" in text and "0.8125" in text, text
+    assert "release" in text and "RepeatAndSelect" not in text and "binding" not in text, text
+
+    capsys_ = capsys  # pytest's CaptureFixture
+    ledger = tmp_path / "l.sqlite"
+    Ledger(ledger).set_budget("fp", 4.0, 1e-5, label="digits")
+    assert ledger_main(["set-budget", "--ledger", str(ledger), "--dataset-id", "nope", "--epsilon", "2",
+                        "--delta", "1e-6"]) == 2
+    err = capsys_.readouterr().err  # type: ignore[attr-defined]
+    with pytest.raises(Exception) as e:
+        Ledger(ledger).dataset_id("no such key")
+    for said in (err, str(e.value)):
+        commands = re.findall(r"([^\s`]+) -m dptune\.", said)
+        assert commands and all(c == shlex.quote(sys.executable) for c in commands), said
