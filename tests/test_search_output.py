@@ -235,3 +235,11 @@ def test_what_a_notebook_sees_the_public_names_a_short_repr_and_runnable_hints(
     for said in (err, str(e.value)):
         commands = re.findall(r"([^\s`]+) -m dptune\.", said)
         assert commands and all(c == shlex.quote(sys.executable) for c in commands), said
+
+
+def test_the_docs_say_what_the_dashboard_overview_shows_of_k() -> None:
+    """Item 11: the dashboard's Overview shows token holders "2+ pending placement groups" beside one running
+    trial — a lower bound on K at a glance. What a dashboard viewer sees (docs/operations.md) says so."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page.split("**What a dashboard viewer sees.**", 1)[1].split("\n## ", 1)[0]
+    assert "pending placement groups" in section and "lower bound on K" in section, section
