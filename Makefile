@@ -6,10 +6,13 @@ STAMP := $(VENV)/.dptune-installed
 
 .PHONY: venv search plan test test-slow lint docs bench clean
 
+# pip's and setuptools' own output (an editable-install warning box, minutes before dptune says a word) goes to
+# $(VENV)/install.log, shown only if the install fails.
 $(STAMP): pyproject.toml
+	@echo "setting up $(VENV): dptune and its dependencies (PyTorch, Opacus, Ray; minutes the first time; log: $(VENV)/install.log)"
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@{ $(BIN)/python -m pip install -q --upgrade pip && $(BIN)/python -m pip install -q -e '.[dev]'; } \
+		> $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; echo "error: installing into $(VENV) failed (above)"; exit 1; }
 	@touch $(STAMP)
 
 venv: $(STAMP)

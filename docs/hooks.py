@@ -21,13 +21,28 @@ DOCS = ROOT / "docs"
 _OUTSIDE = re.compile(r"\]\(\.\./([^)#\s]+)")
 
 
+_RELATIVE_MD = re.compile(r"\]\(([^)#\s:]+\.md)(?:#[^)\s]*)?\)")
+
+
 def _outside_targets() -> set[str]:
-    """The repository files (outside docs/) that the top-level pages link to."""
+    """The repository files (outside docs/) that the top-level pages link to, and the Markdown files outside
+    docs/ that those link to in turn (a results page citing its sibling tables), so strict mode finds them."""
     found = set()
     for page in DOCS.glob("*.md"):
         for target in _OUTSIDE.findall(page.read_text()):
             if (ROOT / target).is_file():
                 found.add(target)
+    todo = [t for t in found if t.endswith(".md")]
+    while todo:
+        source = ROOT / todo.pop()
+        for link in _RELATIVE_MD.findall(source.read_text()):
+            target = (source.parent / link).resolve()
+            if not target.is_file() or not target.is_relative_to(ROOT) or target.is_relative_to(DOCS):
+                continue
+            rel = target.relative_to(ROOT).as_posix()
+            if rel not in found:
+                found.add(rel)
+                todo.append(rel)
     return found
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "Plan",
     "SearchResult",
     "SearchSpace",
+    "SearchStopped",
     "StoppingRule",
     "TrialConfig",
     "load_certificate",
@@ -48,3 +49,13 @@ __all__ = [
     "sigma_floor",
     "train",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``dptune.SearchStopped`` (what a search raises once charged) on first use: its module is orchestration,
+    whose import sets Ray's token mode, which ``import dptune`` alone must not do."""
+    if name == "SearchStopped":
+        from dptune.tuning.failures import SearchStopped
+
+        return SearchStopped
+    raise AttributeError(f"module 'dptune' has no attribute {name!r}")

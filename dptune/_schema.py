@@ -217,6 +217,10 @@ class DatasetSpec:
             to [-1, 1] by them).
         classes: Tables and image folders (required there): the declared classes, in class order.
         id_column: Tables: the column that identifies each record, the privacy unit the ledger keys budgets on.
+        pool_size: Torchvision datasets whose folder holds a subset of the split dptune reads (the pool; under
+            ``official``, the train split): its number of images, which ``dptune plan`` and the search then plan on.
+            Without it they assume the official split's size, and a search on a folder holding another number of
+            images is refused before anything is charged.
     """
 
     name: str = "digits"
@@ -232,18 +236,20 @@ class DatasetSpec:
     classes: list[str | int] | None = None  # table / imagefolder: the declared classes in order (required)
     # table: the column naming each record (the privacy unit the ledger keys budgets on; see dptune.ledger)
     id_column: str | None = None
+    pool_size: int | None = None  # torchvision datasets: the images of a folder holding a subset of the split read
 
     def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
         object.__setattr__(self, "features", _specs.check_dataset_fields(
             self.name, self.split, self.download, self.label, self.features, self.classes))
         _specs.check_id_column(self.name, self.id_column, self.label, self.features)
+        _specs.check_pool_size(self.name, self.split, self.pool_size, self.validation_size, self.test_size)
 
 
 # Fields added after releases were first written. A release, checkpoint or sealed run spec from before one
 # existed is read with it at its default, which is what ran then (no model kwargs, the official split, no
 # table); every other field must be present: a defaulted privacy or model setting would train something else.
 LATER_FIELDS = {"TrialConfig": ("model_kwargs", "layer_clip"), "DatasetSpec": ("split", "download", "label", "features", "classes",
-                                                                "id_column"),
+                                                                "id_column", "pool_size"),
                 "PrivacySpec": ("search_share", "selection")}
 
 

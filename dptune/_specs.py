@@ -26,7 +26,8 @@ from typing import Any
 from dptune.errors import ConfigError, check_positive
 
 __all__ = ["BUILTIN_MODELS", "DATASETS", "DATASET_SPLITS", "VISION_SIZES", "PlannerSpec", "check_dataset_fields",
-           "check_augmentation", "check_model", "check_model_kwargs", "model_from_section", "nominal_train_size"]
+           "check_augmentation", "check_model", "check_model_kwargs", "check_pool_size", "model_from_section",
+           "nominal_train_size", "pool_split"]
 
 BUILTIN_MODELS = ("gn_cnn", "tanh_cnn", "resnet9", "wrn16_4", "mlp")
 TORCHVISION_PREFIX = "torchvision:"
@@ -204,18 +205,44 @@ def _check_features(features: Any, label: str) -> None:
                               "declare the column's public range, e.g. [0, 100] (never computed from the data)")
 
 
-def nominal_train_size(name: str, split: str, validation_size: int, test_size: int) -> int | None:
+def pool_split(split: str) -> str:
+    """The official split a torchvision dataset's pool is read from (``official``: the train split)."""
+    return "test" if split == "test" else "train"
+
+
+def nominal_train_size(name: str, split: str, validation_size: int, test_size: int,
+                       pool_size: int | None = None) -> int | None:
     """The training split's size known without reading data: the pool dptune splits (digits: 1797; the
-    official split chosen, or for ``official`` the official train split, whose test split is kept as is)
-    less the held-out splits. None when only the data can tell (imagefolder, tables)."""
+    official split chosen, or for ``official`` the official train split, whose test split is kept as is; a
+    declared ``pool_size`` in their place) less the held-out splits. None when only the data can tell
+    (imagefolder, tables)."""
     if name == "digits":
         return 1797 - validation_size - test_size
     sizes = VISION_SIZES.get(name)
     if sizes is None:
         return None
-    if split == "official":
-        return sizes[0] - validation_size
-    return (sizes[1] if split == "test" else sizes[0]) - validation_size - test_size
+    pool = pool_size if pool_size is not None else sizes[1] if pool_split(split) == "test" else sizes[0]
+    return pool - validation_size - (0 if split == "official" else test_size)
+
+
+def check_pool_size(name: str, split: str, pool_size: Any, validation_size: int, test_size: int) -> None:
+    """``dataset.pool_size``: torchvision datasets only, a subset of the official split that leaves a training
+    split (it is what the plan and the search are sized on, never counted from the data)."""
+    if pool_size is None:
+        return
+    if name not in VISION_SIZES:
+        raise ConfigError("dataset.pool_size", f"applies to torchvision's datasets, not to {name!r}",
+                          "remove dataset.pool_size (digits has its fixed size; folders and tables are counted)")
+    official = VISION_SIZES[name][1 if pool_split(split) == "test" else 0]
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not 1 <= pool_size <= official:
+        raise ConfigError("dataset.pool_size", f"{pool_size!r} is not a number of images in 1..{official:,} (the "
+                          f"official {pool_split(split)} split of {name})",
+                          "give the number of images the folder holds, or remove it for the whole split")
+    held = validation_size + (0 if split == "official" else test_size)
+    if isinstance(held, int) and pool_size <= held:
+        raise ConfigError("dataset.pool_size", f"{pool_size} images leave no training example after the "
+                          f"{held} held out for validation{'' if split == 'official' else ' and test'}",
+                          "declare the folder's true number of images, or hold out fewer")
 
 
 def check_augmentation(dataset: str, augmult: int, searched: bool) -> None:

@@ -84,6 +84,12 @@ class SearchResult:
     def epsilon(self) -> float:
         return self.certificate.epsilon
 
+    def __repr__(self) -> str:
+        """What ``print(found)`` shows in a notebook: the release, not the certificate's events and binding."""
+        score = "None" if self.score is None else f"{self.score:.4f}"
+        return (f"SearchResult(config={self.config!r}, score={score}, epsilon={self.epsilon:.4g}, "
+                f"delta={self.certificate.delta:g}, release={str(self.release)!r})")
+
 
 def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilon: float | None = None,
            budget_delta: float | None = None, ledger: str | Path | None = None,

@@ -50,7 +50,8 @@ from dptune.errors import ConfigError, check_unit_interval
 __all__ = ["ACCOUNTING_MODES", "CLIPPING_MODES", "INTERNAL_FIELDS", "LATER_FIELDS", "MODELS", "OPTIMIZERS",
            "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "ConfigError", "DatasetSpec", "PlannerSpec", "PrivacySpec",
            "SearchSpace", "TrialConfig", "check_accounting", "check_adaptive", "check_privacy", "check_space", "check_trial_score_noise",
-           "coerce_value", "later_defaults", "load_space", "nominal_train_size", "parse_space", "support_extremes",
+           "coerce_value", "later_defaults", "load_space", "nominal_train_size", "official_pool", "parse_space",
+           "support_extremes",
            "support_values"]
 
 
@@ -203,7 +204,18 @@ def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any
     return out
 
 
+def official_pool(spec: DatasetSpec) -> tuple[str, int] | None:
+    """The official split a torchvision dataset's pool is read from and its size (``official``: the train split),
+    e.g. ``("test", 10000)`` for MNIST's test split; None for the other datasets."""
+    sizes = _specs.VISION_SIZES.get(spec.name)
+    if sizes is None:
+        return None
+    split = _specs.pool_split(spec.split)
+    return split, sizes[1] if split == "test" else sizes[0]
+
+
 def nominal_train_size(spec: DatasetSpec) -> int | None:
     """Training-split size known without reading the data (digits: 1797 images; the torchvision datasets'
-    official splits, e.g. MNIST's test split: 10,000, less the held-out splits); None for folders and tables."""
-    return _specs.nominal_train_size(spec.name, spec.split, spec.validation_size, spec.test_size)
+    official splits, e.g. MNIST's test split: 10,000, or a declared ``pool_size``, less the held-out splits); None
+    for folders and tables."""
+    return _specs.nominal_train_size(spec.name, spec.split, spec.validation_size, spec.test_size, spec.pool_size)

@@ -47,3 +47,40 @@ def test_unknown_and_missing_commands_exit_2(capsys: pytest.CaptureFixture[str])
     assert "'serch' is not a dptune command" in err and ", ".join(COMMANDS) in err
     assert main(["--help"]) == 0 and "dptune <command>" in capsys.readouterr().out
     assert main(["plan", "--space", SPACE, "--target-epsilon", "-1"]) == 2  # the command's own exit 2
+
+
+def _closed_pipe_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``args`` with stdout a pipe whose reader is already gone (``… | true``, ``… | head`` after its lines)."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(list(args), stdout=write, stderr=subprocess.PIPE, text=True, timeout=300, cwd=ROOT,
+                              env=env)
+    finally:
+        os.close(write)
+
+
+def test_a_pipe_closed_early_ends_the_output_not_the_command(tmp_path: Path) -> None:
+    """Issue 40, item 9: ``dptune ledger show … | true``, ``show --json`` and ``dptune plan … | true`` ended in a
+    BrokenPipeError traceback and exit 1. The reader leaving ends the output only: no traceback, the command's
+    own status, and a command that has more to do (a search) still does it."""
+    from dptune.ledger import Ledger
+
+    ledger = tmp_path / "l.sqlite"
+    led = Ledger(ledger)
+    led.set_budget("fp", 4.0, 1e-5, label="digits")
+    for args in (["-m", "dptune.ledger", "show", "--ledger", str(ledger)],
+                 ["-m", "dptune.ledger", "show", "--json", "--ledger", str(ledger)],
+                 ["-m", "dptune.plan", "--space", SPACE]):
+        r = _closed_pipe_run(sys.executable, *args)
+        assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, (args, r.stderr)
+    # the command goes on after the reader left: it prints 1 MB (far past a pipe's buffer), then writes a file
+    marker = tmp_path / "after"
+    code = ("import sys; from dptune.cli._common import run_cli\n"
+            "def body():\n    for i in range(20000):\n        print('x' * 50)\n"
+            f"    open({str(marker)!r}, 'w').write('done')\n    return 0\n"
+            "sys.exit(run_cli(body))")
+    r = _closed_pipe_run(sys.executable, "-c", code)
+    assert r.returncode == 0 and r.stderr == "" and marker.read_text() == "done"

@@ -199,3 +199,57 @@ def test_split_applies_to_torchvision_datasets_only() -> None:
     with pytest.raises(ConfigError) as e:
         DatasetSpec(name="imagefolder", path="x", download=True, classes=["a", "b"])
     assert e.value.field == "dataset.download"
+
+
+def _fashion_space(folder: Path, **dataset: object) -> dict[str, object]:
+    return {"name": "fm", "dataset": {"name": "fashion_mnist", "path": str(folder), "split": "test",
+                                      "validation_size": 10, "test_size": 10, **dataset},
+            "model": {"name": "tanh_cnn"},
+            "fixed": {"epochs": 1, "batch_size": 16, "max_grad_norm": 1.0, "optimizer": "sgd", "momentum": 0.0,
+                      "noise_multiplier": 3.0},
+            "space": {"learning_rate": {"type": "float", "low": 0.1, "high": 1.0, "log": True}},
+            "default": {"learning_rate": 0.5},
+            "privacy": {"delta": 1e-5, "stopping": "poisson", "mean": 2, "score_noise": 6.0}}
+
+
+def test_a_folder_smaller_than_the_official_split_is_refused_before_the_charge(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40, item 10: a folder in a built-in's format with fewer images than the official split (Fashion-MNIST's
+    test split, 44 of 10,000 here) was planned on the official size (`dptune plan`: q = B/9,980) while 24 images
+    trained. The search refuses it with the counts and the fix, exit 2, nothing charged; a declared
+    ``dataset.pool_size`` is what `dptune plan` and the search then both use, and is checked against the folder."""
+    import yaml
+
+    from dptune import api
+    from dptune.cli.search import main
+    from dptune.config import parse_space
+    from dptune.ledger import Ledger
+
+    _write_mnist(tmp_path / "fm", "t10k", 44, gz=True)
+    ledger = tmp_path / "ledger.sqlite"
+
+    def search(space: dict[str, object]) -> tuple[int, str]:
+        path = tmp_path / "space.yaml"
+        path.write_text(yaml.safe_dump(space))
+        rc = main(["--space", str(path), "--runs-dir", str(tmp_path / "runs"), "--ledger", str(ledger),
+                   "--budget-epsilon", "1000"])
+        return rc, capsys.readouterr().err
+
+    rc, err = search(_fashion_space(tmp_path / "fm"))
+    assert rc == 2, err
+    assert "44 images" in err and "10,000" in err and "pool_size: 44" in err, err
+    assert not ledger.exists() or Ledger(ledger).charges() == []
+    rc, err = search(_fashion_space(tmp_path / "fm", pool_size=50))  # a declared size the folder does not hold
+    assert rc == 2 and "dataset.pool_size" in err and "44 images" in err, err
+    assert not ledger.exists() or Ledger(ledger).charges() == []
+    # declared: the plan (which reads no data) is the one the search would charge
+    declared = _fashion_space(tmp_path / "fm", pool_size=44)
+    assert api.plan(declared).n_train == 24 == len(load_dataset(parse_space(declared, source=None).dataset).train[1])
+    assert api.plan(_fashion_space(tmp_path / "fm")).n_train == 9980
+    for bad in (0, 10_001, 20, True):  # not a subset of the split, or no training example left
+        with pytest.raises(ConfigError) as e:
+            DatasetSpec(name="fashion_mnist", path="x", split="test", validation_size=10, test_size=10, pool_size=bad)
+        assert e.value.field == "dataset.pool_size"
+    with pytest.raises(ConfigError) as e:
+        DatasetSpec(name="digits", pool_size=100)
+    assert e.value.field == "dataset.pool_size"

@@ -290,3 +290,36 @@ def test_final_training_after_the_search_uses_the_profile_where_smaller() -> Non
         assert bound.accountant == "profile+pld" and bound.epsilon == with_profile
         if mean == 1.0:
             assert with_profile <= 1.002 * oracle
+
+
+def test_a_random_stopping_search_with_its_noisy_max_is_refused_by_profile_pld(tmp_path: Path) -> None:
+    """Issue 40, item 8: the profile bound holds when nothing but the best trial leaves; a noisy max over the same
+    trials' counts is more than that, and no theorem here bounds the pair from the trial's profile. ``profile+pld``
+    had charged it 2.706 where RDP gives 2.947. The accountant refuses it (alone, and with final training after it),
+    so certify, the ledger's charge and a certificate claiming that bound all fall back to the RDP-based bounds."""
+    from dptune.ledger import Ledger
+
+    trial = A.trial_event(noise_multiplier=1.5, sampling_rate=0.1, steps=20, score_noise=None)
+    final = A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=50, score_noise=None)
+    prof = A.accountant("profile+pld")
+    for rule in (A.stopping_rule("poisson", mean=2), A.stopping_rule("tnb", mean=2, eta=1)):
+        noisy = A.with_selection(rule.search_event(trial), A.NoisyMaxDpEvent(2.0))
+        flat = [rule.search_event(trial), A.NoisyMaxDpEvent(2.0)]  # the same mechanism, written flat
+        for events in ([noisy], [noisy, final], flat, [*flat, final]):
+            assert not all(prof.can_account(e) for e in events)
+            assert prof.epsilon(events, delta=DELTA) is None
+            bound = A.certify(events, DELTA)
+            assert bound.accountant in ("rdp", "rdp+pld")
+            assert bound.epsilon == min(A.rdp_epsilon(events, DELTA),
+                                        A.accountant("rdp+pld").epsilon(events, delta=DELTA) or math.inf)
+        led = Ledger(tmp_path / f"{rule.name}.sqlite")
+        led.set_budget("fp", 50.0, DELTA)
+        led.reserve("fp", "noisy", noisy)
+        assert led.spent("fp") == A.certify([noisy], DELTA).epsilon >= 0.99 * A.rdp_epsilon([noisy], DELTA)
+        forged = Certificate("ds", DELTA, [("search", noisy)], prof.epsilon([noisy], delta=DELTA) or 0.5,
+                             {"rule": rule.name}, {}, 0.0, bound="profile+pld")
+        with pytest.raises(Exception, match="cannot bound these events"):
+            forged.verify()
+    # the search without its noisy max (its trials' Gaussian scores), before final training: still profile+pld
+    scored = A.stopping_rule("poisson", mean=2).search_event(_small_trial())
+    assert A.certify([scored, final], DELTA).accountant == "profile+pld"

@@ -170,6 +170,7 @@ def test_a_factory_failing_on_the_workers_stops_with_the_charge_reserved_and_res
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "no trial was drawn" not in out and "Traceback" not in out and "score:" not in out, out
+    assert "a worker was lost" not in out and "a trial raised an error" in out, out  # issue 40, item 11
     assert "not a result of the data" in r.stderr and "stays reserved" in r.stderr, r.stderr
     run = tmp_path / "runs" / "broken"
     assert not any((run / "release").iterdir())
@@ -228,6 +229,7 @@ def test_a_killed_head_raylet_says_where_the_charge_stands_and_resumes(tmp_path:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0, out + err
     assert "stays reserved" in err and "Traceback" not in err and "Raylet is terminated" not in out + err, err
+    assert "lost objects" not in out + err, err  # issue 40, item 11: Ray's C++ line goes to sealed/logs/ray.log
     assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
     assert not (run / "release" / "best_config.yaml").exists()
     command = err.split("Continue with: ", 1)[1].strip()

@@ -12,7 +12,8 @@ into ε at δ for the *whole* composed mechanism, or says it cannot (None). Five
 * ``profile`` (:class:`ProfileAccountant`): a random-stopping search alone, from its trial's privacy profile
   (``_profile``: the pgf of K and the trial's PLD pair, for every ranking of the outputs);
 * ``profile+pld`` (:class:`ProfileMixedAccountant`): ``rdp+pld`` with the search's profile the smaller of its RDP
-  conversion and its ``profile`` bound (one random-stopping search, e.g. before final training).
+  conversion and its ``profile`` bound (one random-stopping search, e.g. before final training; never one chosen by
+  a noisy max).
 
 Each is a valid (ε, δ) upper bound for the same composed mechanism at the same δ, so their minimum is too
 (the mechanism is (ε₁, δ)-DP and (ε₂, δ)-DP, hence (min, δ)-DP). :func:`certify` returns that minimum and the
@@ -30,7 +31,7 @@ from typing import ClassVar
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting._mixed import mixed_epsilon, profile_mixed_epsilon
+from dptune.accounting._mixed import has_noisy_max, mixed_epsilon, profile_mixed_epsilon
 from dptune.accounting._pld import has_pld, pld_epsilon
 from dptune.accounting._profile import has_profile, profile_epsilon
 from dptune.accounting._rdp import rdp_epsilon
@@ -107,9 +108,14 @@ class ProfileAccountant(Accountant):
 
 class ProfileMixedAccountant(MixedAccountant):
     """``rdp+pld`` when its RDP part is one random-stopping search: that part's profile is the smaller of its RDP
-    conversion and its ``profile`` bound (``_mixed.profile_mixed_epsilon``)."""
+    conversion and its ``profile`` bound (``_mixed.profile_mixed_epsilon``). Never beside a noisy max: the profile
+    bound covers a search that releases only its best trial, not one that also releases a noisy max over its
+    trials' counts (no theorem here bounds that pair from the trial's profile; RDP and ``rdp+pld`` do)."""
 
     name: ClassVar[str] = "profile+pld"
+
+    def can_account(self, event: de.DpEvent) -> bool:
+        return not has_noisy_max(event)
 
     def epsilon(self, events: Sequence[de.DpEvent], *, delta: float) -> float | None:
         return profile_mixed_epsilon(events, delta)

@@ -31,13 +31,21 @@ import numpy as np
 from dp_accounting import dp_event as de
 
 from dptune.accounting._convert import ORDERS, rdp_to_delta, rdp_to_epsilon
+from dptune.accounting._events import NoisyMaxDpEvent
 from dptune.accounting._pld import VALUE_DISCRETIZATION_INTERVAL, has_pld, pld_module, pld_of
 from dptune.accounting._profile import has_profile, search_profile_delta_grid
 from dptune.accounting._rdp import rdp_of
 
-__all__ = ["mixed_epsilon", "profile_mixed_epsilon", "rdp_pld_epsilon", "split_by_pld"]
+__all__ = ["has_noisy_max", "mixed_epsilon", "profile_mixed_epsilon", "rdp_pld_epsilon", "split_by_pld"]
 
 _TAIL = 1e-14  # loss-distribution mass below this per point is charged δ = 1 instead of evaluated
+
+
+def has_noisy_max(event: de.DpEvent) -> bool:
+    """Whether ``event`` holds a noisy-max selection anywhere inside a composition."""
+    if isinstance(event, NoisyMaxDpEvent):
+        return True
+    return isinstance(event, de.ComposedDpEvent) and any(has_noisy_max(e) for e in event.events)
 
 
 def split_by_pld(events: Sequence[de.DpEvent]) -> tuple[list[de.DpEvent], list[de.DpEvent]]:
@@ -90,8 +98,10 @@ def mixed_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:
 def profile_mixed_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:
     """:func:`mixed_epsilon` with the RDP part's profile the smaller of its RDP conversion and its own
     privacy-profile bound (``_profile``); None unless the part without a PLD is exactly one random-stopping search
-    of trials with a PLD (e.g. final training after the search). A separate accountant, so certificates that
-    ``rdp+pld`` proved before it existed still verify."""
+    of trials with a PLD (e.g. final training after the search), and None beside a noisy max: the profile bound
+    holds when only the best trial leaves, and a noisy max over the trials' counts releases more (which search's
+    trials it chose among, the events do not say). A separate accountant, so certificates that ``rdp+pld`` proved
+    before it existed still verify."""
     return _mixed(events, delta, profile=True)
 
 
@@ -102,7 +112,7 @@ def _mixed(events: Sequence[de.DpEvent], delta: float, *, profile: bool) -> floa
     if not a_events or not b_events:
         return None
     search = a_events[0] if len(a_events) == 1 and has_profile(a_events[0]) else None
-    if profile and search is None:
+    if profile and (search is None or any(has_noisy_max(e) for e in b_events)):
         return None
     rdp = np.sum([rdp_of(e) for e in a_events], axis=0)
     pld = pld_module().identity(value_discretization_interval=VALUE_DISCRETIZATION_INTERVAL)

@@ -8,9 +8,9 @@ from dptune.data._augment import augment_views
 from dptune.data._loaders import load_digits, load_imagefolder
 from dptune.data._splits import Splits, poisson_subsample
 from dptune.data._table import load_table
-from dptune.data._vision import READERS, load_vision
+from dptune.data._vision import READERS, check_planned_size, load_vision
 
-__all__ = ["Splits", "augment_views", "load_dataset", "poisson_subsample"]
+__all__ = ["Splits", "augment_views", "check_planned_size", "load_dataset", "poisson_subsample"]
 
 
 def load_dataset(spec: DatasetSpec) -> Splits:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptune.config import ConfigError, DatasetSpec
+from dptune.config import ConfigError, DatasetSpec, nominal_train_size, official_pool
 from dptune.data._loaders import CIFAR10_MEAN, CIFAR10_STD, existing_dir, normalise, take
 from dptune.data._splits import Splits, make_splits, split_indices
 
@@ -62,6 +62,31 @@ def load_vision(spec: DatasetSpec) -> Splits:
     te, val, tr = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed, "dataset.test_size")
     return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), pool[2],
                        record_ids=_ids(spec.name, spec.split, len(y)))
+
+
+def check_planned_size(spec: DatasetSpec, data: Splits) -> None:
+    """Refuse a torchvision dataset whose folder holds another number of images than the plan assumes (the
+    official split's, or the declared ``dataset.pool_size``): ``dptune plan`` reads no data, so a search on a
+    4,443-image subset of a 10,000-image split would train on a third of the examples its plan and its batch sizes
+    and epochs were written for. Checked before anything is charged. The counts it names are public anyway: the
+    charged sampling rate q = B/n is in the certificate."""
+    official = official_pool(spec)
+    planned = nominal_train_size(spec)
+    held = len(data.val[1]) + (0 if spec.split == "official" else len(data.test[1]))
+    pool = len(data.train[1]) + held
+    if official is None or planned is None or pool - held == planned:
+        return
+    split, size = official
+    if spec.pool_size is not None:
+        raise ConfigError("dataset.pool_size", f"declares {spec.pool_size:,} images of {spec.name}'s {split} split, "
+                          f"but {str(spec.path)!r} holds {pool:,} images",
+                          f"set dataset.pool_size: {pool} (the plan then trains on {pool - held:,} examples), or put "
+                          "the declared images there")
+    raise ConfigError("dataset.path", f"{str(spec.path)!r} holds {pool:,} images of {spec.name}'s {split} split, not "
+                      f"the official {size:,}: the search would train on {pool - held:,} examples where `dptune "
+                      f"plan` and the space's batch sizes and epochs assume {planned:,}",
+                      f"put the whole {split} split there, or declare the subset: dataset.pool_size: {pool} (plan and "
+                      "search then both use it)")
 
 
 def _ids(name: str, split: str, n: int) -> tuple[str, ...]:

@@ -241,7 +241,7 @@ class Ledger:
         if not rows:
             raise ConfigError("--dataset-id", f"no budget in {self.path} has the id {str(dataset_id)[:40]!r}",
                               f"give a dataset id that `{python_m('dptune.ledger')} show --ledger {self.path}` lists "
-                              "(a new dataset's budget is opened with `python -m dptune.ledger new-budget`)")
+                              f"(a new dataset's budget is opened with `{python_m('dptune.ledger')} new-budget`)")
         return str(rows[0][0])
 
     def label(self, fingerprint: str, with_id: bool = True) -> str:
@@ -260,7 +260,7 @@ class Ledger:
         rows = self._read("SELECT dataset_id FROM budgets WHERE fingerprint=?", (fingerprint,))
         if not rows:
             raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
-                              "open one with --budget-epsilon or python -m dptune.ledger new-budget")
+                              f"open one with --budget-epsilon or {python_m('dptune.ledger')} new-budget")
         return str(rows[0][0])
 
     def fingerprint_of(self, dataset_id: str) -> str | None:

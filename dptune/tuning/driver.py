@@ -52,11 +52,9 @@ class SearchRequest:
     seed: int | None = None  # NOT PRIVATE
     show_trials: bool = False
     ray: RayOptions = dataclasses.field(default_factory=RayOptions)
-    # the exact command that resumes this search (the CLI's): a watcher process prints it if this process
-    # dies without a word (a killed head raylet ends Ray's driver at once); None: no watcher (the API)
+    # the CLI's exact resume command: a watcher prints it if this process dies silently (a killed head raylet)
     resume_command: str | None = None
-    # run a search that plans its final run even when the planner does not expect it to pay (--tune-anyway)
-    tune_anyway: bool = False
+    tune_anyway: bool = False  # run a search that plans its final run the planner does not expect to pay
 
 
 @dataclass(frozen=True)
@@ -119,9 +117,9 @@ class _Prepared:
 
 
 def _prepare(req: SearchRequest) -> _Prepared:
-    from dptune.data import load_dataset
+    from dptune.data import check_planned_size, load_dataset
 
-    data = load_dataset(req.space.dataset)
+    check_planned_size(req.space.dataset, data := load_dataset(req.space.dataset))  # the sizes `dptune plan` priced
     if req.space.alc is not None:  # per-layer clip norms from the public data, before anything is checked or charged
         req = dataclasses.replace(req, space=with_layer_clip(req.space, data))
     notes = validate_models(req.space, data)
@@ -322,7 +320,8 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
     run = RunDir(req.run_dir)
     # the first line within a second of the call, before the slow part (torch, the data, the models' probes)
     say(f"dptune search {run.root.name!r}{' (resuming)' if req.resume else ''}: space {req.space.name}, "
-        f"{req.space.searcher} search; loading the data and checking the models (nothing is charged yet)")
+        f"{req.space.searcher} search; loading the data and checking the models "
+        f"({'no new charge' if req.resume else 'nothing is charged yet'})")
     p = _prepare(req)
     req = dataclasses.replace(req, space=p.space or req.space)
     ledger = Ledger(req.ledger)
@@ -338,8 +337,9 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
     for note in p.notes:
         say(f"  {note}")
     say(f"  ledger: {ledger.path}")
-    say(f"  charged to the ledger before any trial: epsilon = {p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} "
-        f"({p.plan.stopping.label()}; one worst-case trial: epsilon = {p.plan.trial_epsilon:.4f})")
+    say(f"  {'its charge, unchanged' if req.resume else 'charged to the ledger before any trial'}: epsilon = "
+        f"{p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} ({p.plan.stopping.label()}; one worst-case trial: "
+        f"epsilon = {p.plan.trial_epsilon:.4f})")
     watcher = None if req.resume_command is None else watch_for_sudden_death(run, req.ledger, charge.epsilon,
                                                                              req.resume_command)
     try:
@@ -355,7 +355,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
         raise stopped(req.ledger, run, charge, e, interrupted=is_interrupt(e)) from None
     finally:  # the search ended in a known state: the watcher exits without a word
         if watcher is not None:
-            os.close(watcher)
+            watcher.ended()
 
 
 class _RefusedBeforeTrials(Exception):

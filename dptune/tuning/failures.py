@@ -4,6 +4,7 @@ and none may hide the original failure or the charge's state."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from dptune.ledger import Charge, Ledger
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
 
-__all__ = ["SearchStopped", "charge_status", "is_interrupt", "safely", "stopped", "watch_for_sudden_death"]
+__all__ = ["SearchStopped", "Watcher", "charge_status", "is_interrupt", "safely", "stopped", "watch_for_sudden_death"]
 
 
 class SearchStopped(Exception):
@@ -124,24 +125,26 @@ def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, in
                          rows=rows)
 
 
-def watch_for_sudden_death(run: RunDir, ledger_path: Path, epsilon: float, resume_command: str) -> int:
+def watch_for_sudden_death(run: RunDir, ledger_path: Path, epsilon: float, resume_command: str) -> Watcher:
     """Fork a watcher that outlives this process: when Ray's head raylet dies, Ray's driver exits at once
     (status 1, no Python handler runs), as after a SIGKILL of the driver alone. If the search then had not
     ended in a known state, the watcher says where the charge stands and how to resume, and marks the run
     failed. Forked before Ray starts (no Ray threads or sockets in the child); it only reads files.
-    Returns the pipe end to close when the search ends in a known state (the watcher then exits)."""
+    Returns the :class:`Watcher` to tell when the search ends in a known state (the watcher then exits without a
+    word, whatever the state file says: a full disk may have kept it at "running")."""
     read_end, write_end = os.pipe()
     if os.fork() != 0:
         os.close(read_end)  # the write end stays open in this process until it ends, however it ends
-        return write_end
+        return Watcher(write_end)
     try:
         os.close(write_end)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle, not ours
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        while os.read(read_end, 1):
-            pass
+        told = b""
+        while chunk := os.read(read_end, 1):
+            told += chunk
         state = json.loads(run.state_file.read_text()) if run.state_file.exists() else {}
-        if state.get("status") in ("reserved", "running"):
+        if _ENDED not in told and state.get("status") in ("reserved", "running"):
             status = charge_status(ledger_path, int(state["charge_id"]))
             safely(lambda: run.write_state(status="failed"))
             print(f"error: the search process ended without finishing (Ray's head raylet died, or the process was "
@@ -152,3 +155,21 @@ def watch_for_sudden_death(run: RunDir, ledger_path: Path, epsilon: float, resum
         pass
     finally:
         os._exit(0)
+
+
+_ENDED = b"e"
+
+
+class Watcher:
+    """The search's end of the pipe to the watcher of :func:`watch_for_sudden_death`."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def ended(self) -> None:
+        """The search ended in a known state (released, or stopped with its failure said): the watcher exits
+        without a word, even where the state file could not record it."""
+        with contextlib.suppress(OSError):
+            os.write(self.fd, _ENDED)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)

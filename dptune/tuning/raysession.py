@@ -5,13 +5,15 @@ Ray makes its temp dir and every session, log and socket dir in it mode 0777 (``
 whatever mode dptune gave it: any local user could read K from log sizes and put files beside Ray's sockets.
 So Ray's temp dir is a child of a 0700 parent that dptune owns (``/tmp/dptune-ray-*``): Ray's chmod reaches
 the child only, and no other user can traverse the parent. The parent names the driver process that owns
-it; a parent whose driver is gone (a SIGKILLed search) is removed when the next search starts.
+it; a parent whose driver is gone (a SIGKILLed search) is removed when the next search starts (or by the search's
+watcher, at once), and the processes that still use it (Ray's agents outlive a killed driver) are ended first.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -25,7 +27,8 @@ import ray._private.ray_constants as ray_constants
 from dptune.errors import ConfigError
 from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
 
-__all__ = ["RaySession", "expected_dashboard_url", "is_loopback", "listening_beyond_loopback", "private_ray_parent", "remove_stale_ray_dirs"]
+__all__ = ["RaySession", "expected_dashboard_url", "is_loopback", "listening_beyond_loopback", "private_ray_parent",
+           "reap_processes_below", "remove_stale_ray_dirs"]
 
 _PARENT_PREFIX = "dptune-ray-"
 _OWNER = "owner"  # "<pid> <process start time>" of the driver that made the parent
@@ -75,9 +78,74 @@ def remove_stale_ray_dirs(root: str = "/tmp") -> list[Path]:
             continue
         now = _start_time(int(pid)) if pid.isdigit() else None
         if now is None or (started and now and now != started.strip()):
+            reap_processes_below(parent)
             shutil.rmtree(parent, ignore_errors=True)
             removed.append(parent)
     return removed
+
+
+def reap_processes_below(folder: Path, grace: float = 3.0) -> list[int]:
+    """End this user's processes that hold a file, their working directory or their command line below
+    ``folder`` (a killed search's private Ray folder): Ray's agents outlive a SIGKILLed driver and rename
+    themselves (``ray::DashboardAgent``), but keep their logs open there. SIGTERM, then SIGKILL after ``grace``
+    seconds. Linux (/proc); elsewhere nothing is found. Returns the pids signalled."""
+    import signal
+
+    root = str(folder.resolve())
+    mine = [p for p in _own_pids() if p != os.getpid() and _uses(p, root)]
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        left = []
+        for pid in mine:
+            try:
+                os.kill(pid, sig)
+                left.append(pid)
+            except OSError:  # gone already
+                continue
+        deadline = time.time() + wait
+        while left and time.time() < deadline:
+            time.sleep(0.05)
+            left = [p for p in left if _start_time(p) is not None and not _zombie(p)]
+        if not left:
+            break
+    return mine
+
+
+def _own_pids() -> list[int]:
+    uid = os.getuid()
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if entry.stat().st_uid == uid:
+                out.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _uses(pid: int, root: str) -> bool:
+    """Whether process ``pid`` has its working directory, an open file or its command line below ``root``."""
+    base = Path(f"/proc/{pid}")
+    try:
+        links = [base / "cwd", *(base / "fd").iterdir()]
+        if re.search(re.escape(root) + "(/|$|\0)", (base / "cmdline").read_bytes().decode(errors="replace")):
+            return True
+    except OSError:
+        return False
+    for link in links:
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue
+        if target == root or target.startswith(root + "/"):
+            return True
+    return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 def _runtime_env(paths: tuple[str, ...], parent: Path) -> dict[str, Any] | None:

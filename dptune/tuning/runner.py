@@ -9,7 +9,6 @@ would cap K, which random stopping forbids (rule 1).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import secrets
 import signal
@@ -32,6 +31,7 @@ from dptune.searchers import searcher
 from dptune.trials import TrialRow
 from dptune.tuning.draw import Draw
 from dptune.tuning.options import RayOptions
+from dptune.tuning.raylog import SealedLog, sealed_ray_logs
 from dptune.tuning.searchers import search_alg
 from dptune.tuning.trainable import dptune_trial
 
@@ -116,89 +116,10 @@ def _gpus(opts: RayOptions) -> float:
     return g
 
 
-LOST_WORKER = "  a worker was lost; the trial was retried as the same trial (details in sealed/logs only)"
-
-
 def _trial_name(trial: Any) -> str:
     """Tune names trials (and their directories) ``<trainable>_<experiment>_<index>``: Ray's log lines would
     carry the trial's index in the sealed draw, a lower bound on K. A random name carries nothing."""
     return f"trial_{secrets.token_hex(6)}"
-
-
-@contextmanager
-def sealed_ray_logs(path: Path) -> Iterator[None]:
-    """Ray's and Tune's log records, and the error messages Ray's driver prints for the cluster (a raylet's
-    death banner, "a worker died"), go to a sealed file, not the terminal: Tune's ERROR lines name trials
-    and count them, one banner per lost worker counts the trials running at a node's death."""
-    import ray._private.worker as ray_worker
-
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    stream = os.fdopen(fd, "a")
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
-    loggers = [logging.getLogger(n) for n in names]
-    loggers = [lg for lg in loggers if lg.name == "ray" or lg.handlers]
-    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
-    for lg in loggers:
-        lg.handlers = [handler]
-        lg.propagate = False
-    printer = ray_worker.print_to_stdstream  # Ray's error-message thread calls it by this module name
-
-    def to_sealed(data: dict[str, Any], ignore_prefix: bool = False) -> None:
-        try:
-            stream.write("".join(f"({data.get('pid', 'ray')}) {line}\n" for line in data.get("lines", [])))
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-
-    ray_worker.print_to_stdstream = to_sealed
-    try:
-        yield
-    finally:
-        ray_worker.print_to_stdstream = printer
-        for lg, handlers, propagate in saved:
-            lg.handlers = handlers
-            lg.propagate = propagate
-        handler.close()
-        stream.close()  # a StreamHandler leaves its stream open: one file per search in a notebook's process
-
-
-class _SealedLog(Callback):
-    """Per-trial lines go to sealed/logs/trials.log; to the terminal only with --show-trials. A lost worker
-    is said once, in a fixed line (one line per loss would count the trials running at a node's death)."""
-
-    def __init__(self, path: Path, show: bool) -> None:
-        self.path = path
-        self.show = show
-        self.recoveries: dict[int, int] = {}
-        self.said_lost = False
-
-    def _write(self, line: str) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(line + "\n")
-        if self.show:
-            print(f"[curator] {line}", flush=True)
-
-    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        index = int(trial.config.get("trial_index", -1))
-        self.recoveries[index] = self.recoveries.get(index, 0) + 1
-        self._write(f"trial {index} lost its worker (infrastructure); retried as the same trial")
-        if not self.said_lost:
-            self.said_lost = True
-            print(LOST_WORKER, flush=True)
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        r = trial.last_result or {}
-        self._write(f"trial {r.get('trial_index')} done: score={r.get('score')} diverged={r.get('diverged')} "
-                    f"crashed={r.get('crashed')} params={r.get('params')} seconds={r.get('seconds')}")
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        error = ""
-        if getattr(trial, "error_file", None) and os.path.exists(trial.error_file):
-            error = Path(trial.error_file).read_text(errors="replace")[-4000:]
-        self._write(f"trial {trial.config.get('trial_index')} failed after retries (infrastructure):\n{error}")
 
 
 def progress(show_trials: bool, every: float = 15.0) -> Any:
@@ -266,7 +187,7 @@ def _sigterm_as_sigint() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: _SealedLog, opts: RayOptions,
+def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: SealedLog, opts: RayOptions,
            resume: bool) -> tune.Tuner:
     storage: Path | str = opts.storage_path or run.ray_dir.resolve()  # never a relative path (ArrowInvalid)
     name = str(run.read_state().get("tune_experiment", "tune"))
@@ -315,7 +236,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
                              checkpoint_every=opts.checkpoint_every, adaptive_seed_base=draw.stream_seed("searcher"),
                              sampling_basis=sampling_basis, charged_points=list(charged_points), transfer=transfer),
         resources)
-    log = _SealedLog(run.sealed / "logs" / "trials.log", show_trials)
+    log = SealedLog(run.sealed / "logs" / "trials.log", show_trials)
     try:
         with progress(show_trials), _sigterm_as_sigint(), _legacy_output():
             grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
@@ -335,7 +256,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     return rows
 
 
-def _rows(grid: Any, draw: Draw, log: _SealedLog, adaptive: bool,
+def _rows(grid: Any, draw: Draw, log: SealedLog, adaptive: bool,
           checkpoints: Path | None) -> tuple[list[TrialRow], int, list[str]]:
     """(finished rows, trials not finished, errors of trials that failed for infrastructure reasons)."""
     rows: list[TrialRow] = []
