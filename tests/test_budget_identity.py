@@ -18,7 +18,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_budgets import World, _table_space
+from tests.test_budgets import World
 from tests.test_data_formats import SHARED_MNIST, _write_idx
 
 MNIST_N = 1000  # the first 1,000 images of MNIST's real test split keep these tests fast
@@ -95,7 +95,7 @@ def _charged_to(world: World, first: str, copies: dict[str, dict[str, Any]]) -> 
         before = world.budgets()
         rc, out, dataset_id = world.search(raw, "--budget-epsilon", "1000")
         assert rc == 0, (name, out)
-        assert dataset_id == first and "opened a privacy budget" not in out, (name, out)
+        assert dataset_id == first and "opened a privacy budget" not in out, (name, out.splitlines())
         after = world.budgets()
         assert list(after) == [first] and after[first][1] == before[first][1] + 1, name
 

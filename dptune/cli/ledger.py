@@ -1,8 +1,8 @@
 """``python -m dptune.ledger {show,set-budget,new-budget}``: budgets and charges of a ledger (curator only).
 
-``new-budget --space S`` is the one explicit way to open a budget for data that resembles or partly overlaps
-a budgeted dataset: it reads the space's dataset, lists every existing budget and those the data overlaps (by
-record ids) or resembles (by content), then opens the budget. ``set-budget --dataset-id`` changes an existing
+``new-budget --space S`` is the one explicit way to open a budget for data that partly overlaps a budgeted
+dataset: it reads the space's dataset, lists every existing budget and those whose records the data holds (by
+content, and record ids within a dataset), then opens the budget; searches are charged to those too. ``set-budget --dataset-id`` changes an existing
 budget only."""
 
 from __future__ import annotations
@@ -87,12 +87,10 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
         print(f"  {d['label']} (id {d['dataset_id']}): ε = {d['budget_epsilon']:g}, δ = {d['budget_delta']:g}, spent ε = "
               f"{d['spent_epsilon']:.4g}")
     for key in found.overlapped:
-        print(f"  this data shares records with {ledger.label(key)}: its searches are charged to that budget too")
-    for key in found.near:
-        print(f"  this data's content nearly matches {ledger.label(key)} (no shared record id): if it is a copy, "
-              "declare the same record ids instead of opening a budget")
+        how = " (by content, under other ids or in another format)" if key in found.by_content else ""
+        print(f"  this data shares records with {ledger.label(key)}{how}: its searches are charged to that budget too")
     if data.record_ids is None:
-        print("  WARNING: no dataset.id_column: the ledger knows this table's records only by their content")
+        print("  note: no dataset.id_column: the ledger knows this table's records by their content only")
     open_budget(ledger, data, args.epsilon, args.delta, label=args.label or dataset.name)
     print(f"opened the budget of {ledger.label(key)}: ε = {args.epsilon:g}, δ = {args.delta:g}")
     return 0

@@ -22,7 +22,7 @@ from dptune import stopping
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
 from dptune.errors import ConfigError, check_delta, python_m
-from dptune.ledger import Charge, Ledger, adopt_ids, budget_match, open_budget
+from dptune.ledger import Charge, Ledger, adopt_identity, budget_match, open_budget
 from dptune.release import (
     day_of,
     release_document,
@@ -136,19 +136,19 @@ def _prepare(req: SearchRequest) -> _Prepared:
 
 
 def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> list[str]:
-    """Every budget this dataset is charged to: those sharing a record with it (by keyed record ids, the
-    privacy unit). ``--budget-epsilon`` opens one only for data that overlaps no budget and resembles none;
-    anything else is the explicit act of ``python -m dptune.ledger new-budget``."""
+    """Every budget this dataset is charged to: those whose records it holds, by content (whatever its ids or
+    format) and, within those, by record id. ``--budget-epsilon`` opens one only for data that holds no budget's
+    records; anything else is the explicit act of ``python -m dptune.ledger new-budget``."""
     found = budget_match(ledger, p.data, p.fingerprint)
     if p.data.record_ids is None:
-        say("  WARNING: this table declares no dataset.id_column: the ledger knows its records only by their "
-            "content, so a copy with any value changed (jitter, an added column) is a different dataset to it. "
-            "Declare the column that identifies each record.")
-    for key in found.near:
-        say(f"  WARNING: this data's content nearly matches the budgeted {ledger.label(key)}, which shares no "
-            "record id with it: if it is a copy, declare the same record ids (dataset.id_column)")
+        say("  note: this table declares no dataset.id_column: the ledger knows its records by their content only "
+            "(a row whose values change beyond a small edit is a new record to it). Declare the column that "
+            "identifies each record.")
     for key in found.legacy:
-        adopt_ids(ledger, key, p.data)
+        adopt_identity(ledger, key, p.data)
+    for key in found.by_content:
+        say(f"  this data holds the records of the budgeted {ledger.label(key)} (known by their content, whatever "
+            "their ids or format): charged to its budget")
     if found.overlapped and found.covered:
         if len(found.overlapped) > 1:
             say("  this data overlaps several budgeted datasets; each is charged: "
@@ -157,12 +157,11 @@ def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable
     fix = (f"open its budget explicitly: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} "
            f"--space {req.space.source or 'SPACE'} --epsilon E --delta D (it lists the existing budgets)")
     if found.overlapped:
-        raise ConfigError("budget", "this data holds records of the budgeted "
+        raise ConfigError("--budget-epsilon" if req.budget_epsilon is not None else "budget",
+                          "this data holds records of the budgeted "
                           + "; ".join(ledger.label(k) for k in found.overlapped)
-                          + " and records in no budget", fix + "; its searches are then charged to those too")
-    if found.near:
-        raise ConfigError("--budget-epsilon", "this data resembles a budgeted dataset (see the warning above): "
-                          "no budget is opened for it implicitly", fix)
+                          + " and records in no budget: no budget is opened for it implicitly; nothing was charged",
+                          fix + "; its searches are then charged to those too")
     if req.budget_epsilon is None:
         raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {ledger.path}",
                           "pass --budget-epsilon E (and --budget-delta) once, or " + fix)
