@@ -15,7 +15,14 @@ from typing import Any
 
 from dptune.cli._common import run_cli
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
-from dptune.ledger import Ledger, budget_key, budget_match, default_ledger_path, open_budget
+from dptune.ledger import (
+    Ledger,
+    budget_key,
+    budget_match,
+    default_ledger_path,
+    open_budget,
+    same_records_keys,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,9 +84,11 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
     ledger = Ledger(path)
     print(f"ledger: {ledger.path}")
     key = budget_key(ledger, data)
-    if ledger.budget(key) is not None:
-        raise ConfigError("--space", f"these very records already have a budget: {ledger.label(key)}",
-                          f"change it with {python_m('dptune.ledger')} set-budget --dataset-id {ledger.dataset_id(key)}")
+    for same in same_records_keys(ledger, data):  # an older dptune keyed a budget on its ids alone
+        if ledger.budget(same) is not None:
+            raise ConfigError("--space", f"these very records already have a budget: {ledger.label(same)}",
+                              f"change it with {python_m('dptune.ledger')} set-budget --dataset-id "
+                              f"{ledger.dataset_id(same)}")
     found = budget_match(ledger, data, data.pool_fingerprint())
     budgets = [d for d in _show(ledger) if d["dataset_id"]]
     print(f"existing budgets ({len(budgets)}):" if budgets else "no budgets yet")

@@ -4,8 +4,15 @@ dataset falls under, by its records' content and, within a dataset, their ids (:
 CLI: ``python -m dptune.ledger {show,set-budget,new-budget} [--ledger FILE]``.
 """
 
-from dptune.ledger._budgets import BudgetMatch, adopt_identity, budget_key, budget_match, open_budget
+from dptune.ledger._budgets import (
+    BudgetMatch,
+    adopt_identity,
+    budget_key,
+    budget_match,
+    open_budget,
+    same_records_keys,
+)
 from dptune.ledger._store import BudgetExceeded, Charge, Ledger, default_ledger_path, event_sha256
 
 __all__ = ["BudgetExceeded", "BudgetMatch", "Charge", "Ledger", "adopt_identity", "budget_key", "budget_match",
-           "default_ledger_path", "event_sha256", "open_budget"]
+           "default_ledger_path", "event_sha256", "open_budget", "same_records_keys"]

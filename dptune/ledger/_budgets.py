@@ -35,7 +35,7 @@ from typing import Protocol
 from dptune.ledger._store import Ledger
 
 __all__ = ["BudgetMatch", "adopt_identity", "budget_key", "budget_match", "keyed_signatures", "match", "open_budget",
-           "record_id_digests", "record_ids"]
+           "record_id_digests", "record_ids", "same_records_keys"]
 
 # Shares of records matched by content (tests/test_content_identity.py measures them): copies (re-keyed, CSV and PNG
 # exports, ±1/255 a pixel, small jitter in a table) 0.91-1.0; unrelated data (MNIST's test split against a disjoint
@@ -167,6 +167,12 @@ def budget_key(ledger: Ledger, data: Records) -> str:
     h = hashlib.sha256(b"".join(record_id_digests(ledger, record_ids(data))))
     h.update(_content_blob(ledger, data))
     return "ids:" + h.hexdigest()
+
+
+def same_records_keys(ledger: Ledger, data: Records) -> list[str]:
+    """The keys a budget opened for exactly ``data``'s records has: today's, and an older dptune's (ids only)."""
+    legacy = "ids:" + hashlib.sha256(b"".join(record_id_digests(ledger, record_ids(data)))).hexdigest()
+    return [budget_key(ledger, data), legacy]
 
 
 def open_budget(ledger: Ledger, data: Records, epsilon: float, delta: float, label: str) -> str:
