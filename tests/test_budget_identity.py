@@ -3,8 +3,11 @@
 Item 5: seven copies of budgeted data that each opened a fresh budget from plain ``--budget-epsilon`` (re-keyed and
 re-pseudonymised ids, zero-padded ids through a CSV round trip, the table without its id column, digits exported to
 CSV, MNIST exported to PNG folders, MNIST's files placed as the ``train`` split with pixels +1/255) are each charged
-to the original's budget, and no budget is opened. Item 6: an unrelated table with ids 0..568 and another dataset in
-MNIST's format get budgets of their own (their ids name other records). Item 7: ``alc.public`` refuses an export of
+to the original's budget, and no budget is opened. A copy that keeps the ids but not the content (a feature column
+added, values jittered beyond a small edit) is refused until ``adopt`` or ``new-budget`` says which records it holds.
+Item 6: an unrelated table with ids 0..568 and another dataset in MNIST's format are refused the same way (ids alone
+cannot tell them from such a copy) and get budgets of their own through ``new-budget``, never charged to the budget
+whose ids look alike. Item 7: ``alc.public`` refuses an export of
 budgeted images. Every search draws K = 0 (the test hook): the whole CLI path up to the release, without Ray."""
 
 from __future__ import annotations
@@ -150,7 +153,9 @@ def test_mnist_exports_are_charged_to_its_budget(world: World) -> None:
 
 
 def test_an_unrelated_table_with_the_same_ids_gets_its_own_budget(world: World) -> None:
-    """Item 6: digits as a CSV with ids 0..1796 is budgeted; an unrelated table with ids 0..568 is other records."""
+    """Item 6: digits as a CSV with ids 0..1796 is budgeted; an unrelated table with ids 0..568 is other records.
+    Its ids alone cannot tell it from a copy of the digits with their content changed, so it is refused until
+    ``new-budget`` opens its own budget explicitly; then it is charged to that budget only, never the digits'."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -162,8 +167,14 @@ def test_an_unrelated_table_with_the_same_ids_gets_its_own_budget(world: World) 
     n = 569
     cols = _features(n, 10, seed=3)
     other = _csv(world.tmp / "other.csv", {"id": list(range(n)), **cols, "y": [i % 2 for i in range(n)]})
-    rc, out, other_id = world.search(_space(_table(other, list(cols)), MLP), "--budget-epsilon", "1000")
-    assert rc == 0 and "opened a privacy budget" in out and other_id not in (None, digits_id), out
+    raw = _space(_table(other, list(cols)), MLP)
+    rc, out, other_id = world.search(raw, "--budget-epsilon", "1000")  # its ids look like the digits budget's:
+    assert rc == 2 and other_id is None and " new-budget " in out, out  # refused until the curator says it is other data
+    assert len(world.budgets()) == 1 and world.budgets()[digits_id][1] == 1
+    rc, out = world.new_budget(raw, "--epsilon", "1000", "--delta", "1e-5")
+    assert rc == 0, out
+    rc, out, other_id = world.search(raw)
+    assert rc == 0 and other_id not in (None, digits_id), out
     budgets = world.budgets()
     assert budgets[digits_id][1] == 1 and budgets[other_id][1] == 1  # the digits budget was not charged
     rc, out, again = world.search(_space(_table(other, list(cols)), MLP))
@@ -172,15 +183,23 @@ def test_an_unrelated_table_with_the_same_ids_gets_its_own_budget(world: World) 
 
 @needs_mnist
 def test_another_dataset_in_mnists_format_gets_its_own_budget(world: World) -> None:
-    """Item 6: IDX files of other images read as ``mnist`` carry ids ``mnist/test/<i>`` too: not MNIST's records."""
+    """Item 6: IDX files of other images read as ``mnist`` carry ids ``mnist/test/<i>`` too: not MNIST's records,
+    but refused until ``new-budget`` (ids alone cannot tell them from MNIST heavily edited); then each is charged
+    to its own budget."""
     images, labels = _mnist(300)
     rc, out, first = world.search(_space(_idx_folder(world.tmp / "mnist", "t10k", images, labels), CNN),
                                   "--budget-epsilon", "1000")
     assert rc == 0 and first is not None, out
     other = np.random.default_rng(5).integers(0, 256, images.shape, dtype=np.uint8)
-    rc, out, second = world.search(_space(_idx_folder(world.tmp / "other", "t10k", other, labels), CNN),
-                                   "--budget-epsilon", "1000")
+    raw = _space(_idx_folder(world.tmp / "other", "t10k", other, labels), CNN)
+    rc, out, second = world.search(raw, "--budget-epsilon", "1000")
+    assert rc == 2 and second is None and len(world.budgets()) == 1, out  # MNIST's ids, not its content: refused
+    rc, out = world.new_budget(raw, "--epsilon", "1000", "--delta", "1e-5")
+    assert rc == 0, out
+    rc, out, second = world.search(raw)
     assert rc == 0 and second not in (None, first) and world.budgets()[first][1] == 1, out
+    rc, out, again = world.search(_space(_idx_folder(world.tmp / "mnist", "t10k", images, labels), CNN))
+    assert rc == 0 and again == first and world.budgets()[second][1] == 1, out  # each to its own
 
 
 @needs_mnist
@@ -211,3 +230,73 @@ def test_alc_public_refuses_exports_of_budgeted_images(world: World) -> None:
         raw["alc"]["public"] = fresh
         check_public(parse_space(raw), ledger)  # images no budget holds pass
     assert world.budgets()[first][1] == 1  # nothing charged
+
+
+def _ledger_cli(world: World, *argv: str) -> tuple[int, str]:
+    from dptune.cli.ledger import main
+
+    rc = main([argv[0], "--ledger", str(world.ledger_path), *argv[1:]])
+    out = world.capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def _keyed_copies(world: World) -> tuple[str, str, dict[str, dict[str, Any]]]:
+    """A budgeted table with declared ids "r0".."r299", and two copies that keep its ids but not its content as the
+    ledger sees it: a feature column added to ``dataset.features``, and every value jittered by ~1e-2 of its range
+    (far beyond the grid signatures' tolerance). Returns (the budget's id, its label, the copies' spaces)."""
+    from dptune.ledger import Ledger
+
+    n = 300
+    cols = _features(n, 6, seed=0)
+    ids, y, names = [f"r{i}" for i in range(n)], [i % 2 for i in range(n)], list(cols)
+    rc, out, first = world.search(_space(_table(_csv(world.tmp / "base.csv", {"id": ids, **cols, "y": y}), names), MLP),
+                                  "--budget-epsilon", "1000")
+    assert rc == 0 and first is not None, out
+    extra = np.random.default_rng(7).random(n)
+    rng = np.random.default_rng(8)
+    jittered = {k: np.clip(v + rng.normal(0.0, 1e-2, n), 0.0, 1.0) for k, v in cols.items()}
+    copies = {
+        "added column": _space(_table(_csv(world.tmp / "wider.csv", {"id": ids, **cols, "site": extra, "y": y}),
+                                      [*names, "site"]), MLP),
+        "jittered": _space(_table(_csv(world.tmp / "jitter.csv", {"id": ids, **jittered, "y": y}), names), MLP),
+    }
+    ledger = Ledger(world.ledger_path)
+    return first, ledger.label(ledger.budget_key(first)), copies
+
+
+def test_copies_that_keep_the_ids_but_not_the_content_are_refused(world: World) -> None:
+    """Issue 40 item 5's gap: a copy whose content misses the signatures but whose declared ids are the budget's
+    is neither opened a budget implicitly (``--budget-epsilon``) nor charged silently: exit 2, nothing charged,
+    the message names the budget and both fixes (``adopt`` if it is the same records, ``new-budget`` if not)."""
+    first, label, copies = _keyed_copies(world)
+    before = world.budgets()
+    for name, raw in copies.items():
+        for extra in (("--budget-epsilon", "1000"), ()):
+            rc, out, dataset_id = world.search(raw, *extra)
+            assert rc == 2 and dataset_id is None, (name, extra, out)
+            assert label in out and "record ids" in out and "nothing was charged" in out, (name, out)
+            assert " adopt " in out and f"--dataset-id {first}" in out and " new-budget " in out, (name, out)
+            assert "opened a privacy budget" not in out, name
+            assert world.budgets() == before, name  # no budget opened, nothing charged
+
+
+def test_explicit_acts_decide_a_refused_copys_budget(world: World) -> None:
+    """After ``new-budget`` (the curator declares the jittered copy other data) its searches are charged to its own
+    budget only; after ``adopt`` (the added-column copy is the same records) its searches are charged to the
+    original's budget, and no budget is opened."""
+    first, label, copies = _keyed_copies(world)
+    rc, out = world.new_budget(copies["jittered"], "--epsilon", "1000", "--delta", "1e-5")
+    assert rc == 0 and label in out and "record ids" in out, out  # it says whose ids the data shares
+    rc, out, own = world.search(copies["jittered"])
+    assert rc == 0 and own not in (None, first), out
+    budgets = world.budgets()
+    assert budgets[own][1] == 1 and budgets[first][1] == 1, budgets  # the id-overlapping budget is not charged
+    rc, out = _ledger_cli(world, "adopt", "--space", str(world.space(copies["added column"])), "--dataset-id", first)
+    assert rc == 0 and label in out, out
+    for _ in range(2):
+        rc, out, dataset_id = world.search(copies["added column"], "--budget-epsilon", "1000")
+        assert rc == 0 and dataset_id == first and "opened a privacy budget" not in out, out
+    budgets = world.budgets()
+    assert set(budgets) == {first, own} and budgets[first][1] == 3 and budgets[own][1] == 1, budgets
+    rc, out = _ledger_cli(world, "adopt", "--space", str(world.space(copies["jittered"])), "--dataset-id", "nope")
+    assert rc == 2 and "--dataset-id" in out, out
