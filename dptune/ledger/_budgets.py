@@ -13,6 +13,14 @@ budgets whose records the data holds by content. So an unrelated table with ids 
 file format, shares no record with a budget whose ids look alike; inside a matched budget, a record whose values
 changed beyond a small edit still counts as that budget's by its id.
 
+Ids alone cannot tell a copy whose content changed beyond the signatures (a feature column added to a table, values
+jittered far beyond a small edit) from unrelated data whose ids look alike (row numbers 0..568). So data that matches
+no budget by content but shares ``SAME_DATASET_SHARE`` of the smaller's record ids with one (``BudgetMatch.by_ids``)
+is neither opened a budget implicitly nor charged to that one silently: it is refused until the curator says which
+it is, with ``python -m dptune.ledger adopt`` (the same records: the budget takes the data's signatures, so its
+searches are charged to it) or ``python -m dptune.ledger new-budget`` (other data: its own budget, which its content
+then matches; the id-alike budget is not charged).
+
 A dataset is charged to every budget whose records it holds (``Ledger.reserve`` with several keys: all or none);
 it must be covered (``COVERED_SHARE`` of its records in those budgets, by content or id) or it is refused until its
 budget is opened explicitly (``python -m dptune.ledger new-budget``). A new budget is never opened implicitly
@@ -26,6 +34,7 @@ data's signatures and ids when they match.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
@@ -34,8 +43,8 @@ from typing import Protocol
 
 from dptune.ledger._store import Ledger
 
-__all__ = ["BudgetMatch", "adopt_identity", "budget_key", "budget_match", "keyed_signatures", "match", "open_budget",
-           "record_id_digests", "record_ids", "same_records_keys"]
+__all__ = ["BudgetMatch", "adopt_identity", "adopt_records", "budget_key", "budget_match", "keyed_signatures", "match",
+           "open_budget", "record_id_digests", "record_ids", "same_records_keys"]
 
 # Shares of records matched by content (tests/test_content_identity.py measures them): copies (re-keyed, CSV and PNG
 # exports, ±1/255 a pixel, small jitter in a table) 0.91-1.0; unrelated data (MNIST's test split against a disjoint
@@ -66,6 +75,7 @@ class BudgetMatch:
     covered: bool  # (nearly) every record of the dataset is in one of them
     by_content: list[str]  # those of them it shares no record id with (known by content alone)
     legacy: list[str]  # overlapped budgets opened before content signatures (they adopt them)
+    by_ids: list[str] = dataclasses.field(default_factory=list)  # budgets it shares record ids with but not content
 
 
 def record_ids(data: Records) -> list[str]:
@@ -108,6 +118,7 @@ def match(ledger: Ledger, data: Records, fingerprint: str) -> BudgetMatch:
     by_content: list[str] = []
     legacy: list[str] = []
     matched: set[int] = set()
+    id_alike: list[tuple[int, str]] = []
     rows = ledger._read("SELECT fingerprint, ids, content, records, digests FROM budgets ORDER BY created")
     for budget, id_blob, content_blob, records, digest_blob in rows:
         theirs_ids = _chunks(id_blob, ID_BYTES) if id_blob is not None else set()
@@ -116,8 +127,10 @@ def match(ledger: Ledger, data: Records, fingerprint: str) -> BudgetMatch:
             theirs = _chunks(content_blob, ID_BYTES)
             hits = {i for i, s in enumerate(sigs) if any(x in theirs for x in s)}
             size = int(records) if records else len(theirs)
-            if len(hits) < SAME_DATASET_SHARE * min(n, size):
-                continue  # other records: its ids (if alike) name other things
+            if len(hits) < SAME_DATASET_SHARE * min(n, size):  # other records, or these changed beyond the signatures
+                if len(by_id) >= SAME_DATASET_SHARE * min(n, size):
+                    id_alike.append((len(by_id), str(budget)))
+                continue
             if not by_id:
                 by_content.append(str(budget))
         else:  # opened before content signatures: record ids in any namespace, else the exact examples
@@ -131,7 +144,8 @@ def match(ledger: Ledger, data: Records, fingerprint: str) -> BudgetMatch:
         matched |= hits | by_id
     found.sort(key=lambda t: -t[0])  # stable: equal overlaps keep the older budget first
     covered = bool(found) and len(matched) >= COVERED_SHARE * n
-    return BudgetMatch([k for _, k in found], covered, by_content, legacy)
+    id_alike.sort(key=lambda t: -t[0])
+    return BudgetMatch([k for _, k in found], covered, by_content, legacy, [k for _, k in id_alike])
 
 
 def _legacy_content(budget: str, fingerprint: str, digest_blob: bytes | None, id_blob: bytes | None,
@@ -155,6 +169,20 @@ def adopt_identity(ledger: Ledger, key: str, data: Records) -> None:
                     "records=COALESCE(records, ?) WHERE fingerprint=?",
                     (_content_blob(ledger, data), b"".join(record_id_digests(ledger, record_ids(data))),
                      len(data.content_signatures()), key))
+
+
+def adopt_records(ledger: Ledger, key: str, data: Records) -> None:
+    """The curator's word that ``data`` holds the records of budget ``key`` (``python -m dptune.ledger adopt``): the
+    budget takes the data's content signatures and record ids besides its own (its record count is unchanged), so
+    the data, and copies of it, are charged to it from then on."""
+    with ledger._write() as con:
+        row = con.execute("SELECT content, ids FROM budgets WHERE fingerprint=?", (key,)).fetchone()
+        content = _chunks(row[0], ID_BYTES) if row[0] is not None else set()
+        ids = _chunks(row[1], ID_BYTES) if row[1] is not None else set()
+        content |= _chunks(_content_blob(ledger, data), ID_BYTES)
+        ids |= set(record_id_digests(ledger, record_ids(data)))
+        con.execute("UPDATE budgets SET content=?, ids=?, records=COALESCE(records, ?) WHERE fingerprint=?",
+                    (b"".join(sorted(content)), b"".join(sorted(ids)), len(data.content_signatures()), key))
 
 
 def budget_match(ledger: Ledger, data: Records, fingerprint: str) -> BudgetMatch:

@@ -138,7 +138,8 @@ def _prepare(req: SearchRequest) -> _Prepared:
 def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> list[str]:
     """Every budget this dataset is charged to: those whose records it holds, by content (whatever its ids or
     format) and, within those, by record id. ``--budget-epsilon`` opens one only for data that holds no budget's
-    records; anything else is the explicit act of ``python -m dptune.ledger new-budget``."""
+    records and shares no budget's record ids; anything else is the explicit act of ``python -m dptune.ledger
+    new-budget`` (or ``adopt``, for a changed copy of a budget's records)."""
     found = budget_match(ledger, p.data, p.fingerprint)
     if p.data.record_ids is None:
         say("  note: this table declares no dataset.id_column: the ledger knows its records by their content only "
@@ -162,6 +163,8 @@ def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable
                           + "; ".join(ledger.label(k) for k in found.overlapped)
                           + " and records in no budget: no budget is opened for it implicitly; nothing was charged",
                           fix + "; its searches are then charged to those too")
+    if found.by_ids:  # its ids are a budget's, its content is not: a changed copy, or other data with alike ids
+        raise _ids_alike(req, ledger, found.by_ids)
     if req.budget_epsilon is None:
         raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {ledger.path}",
                           "pass --budget-epsilon E (and --budget-delta) once, or " + fix)
@@ -172,6 +175,21 @@ def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable
         raise e.renamed({"--epsilon": "--budget-epsilon", "--delta": "--budget-delta"}.get(e.field, e.field)) from e
     say(f"  opened a privacy budget for this dataset: {ledger.label(key)}, epsilon = {req.budget_epsilon:g}")
     return [key]
+
+
+def _ids_alike(req: SearchRequest, ledger: Ledger, keys: list[str]) -> ConfigError:
+    """Data that shares record ids with budgets but none's content: which it is, only the curator can say."""
+    space = req.space.source or "SPACE"
+    labels = "; ".join(ledger.label(k) for k in keys)
+    return ConfigError(
+        "--budget-epsilon" if req.budget_epsilon is not None else "budget",
+        f"this data shares record ids with the budgeted {labels} but not their content (a feature column added, or "
+        "values changed beyond a small edit, or other data whose ids merely look alike): no budget is opened for it "
+        "implicitly and it is not charged to that one unasked; nothing was charged",
+        f"if these are its records, charge them to its budget: {python_m('dptune.ledger')} adopt --ledger "
+        f"{ledger.path} --space {space} --dataset-id {ledger.dataset_id(keys[0])}; if it is other data, open its "
+        f"own budget: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} --space {space} --epsilon E "
+        "--delta D")
 
 
 def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
