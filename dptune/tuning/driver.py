@@ -21,8 +21,8 @@ import optuna.distributions as od
 from dptune import stopping
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
-from dptune.errors import ConfigError, check_delta, python_m
-from dptune.ledger import Charge, Ledger, adopt_identity, budget_match, open_budget
+from dptune.errors import ConfigError, check_delta
+from dptune.ledger import Charge, Ledger
 from dptune.release import (
     day_of,
     release_document,
@@ -33,6 +33,7 @@ from dptune.release import (
 )
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
+from dptune.tuning.budgets import budget_keys
 from dptune.tuning.draw import Draw, make_draw
 from dptune.tuning.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
 from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
@@ -135,68 +136,11 @@ def _prepare(req: SearchRequest) -> _Prepared:
     return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), transfer, notes, req.space)
 
 
-def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> list[str]:
-    """Every budget this dataset is charged to: those whose records it holds, by content (whatever its ids or
-    format) and, within those, by record id. ``--budget-epsilon`` opens one only for data that holds no budget's
-    records and shares no budget's record ids; anything else is the explicit act of ``python -m dptune.ledger
-    new-budget`` (or ``adopt``, for a changed copy of a budget's records)."""
-    found = budget_match(ledger, p.data, p.fingerprint)
-    if p.data.record_ids is None:
-        say("  note: this table declares no dataset.id_column: the ledger knows its records by their content only "
-            "(a row whose values change beyond a small edit is a new record to it). Declare the column that "
-            "identifies each record.")
-    for key in found.legacy:
-        adopt_identity(ledger, key, p.data)
-    for key in found.by_content:
-        say(f"  this data holds the records of the budgeted {ledger.label(key)} (known by their content, whatever "
-            "their ids or format): charged to its budget")
-    if found.overlapped and found.covered:
-        if len(found.overlapped) > 1:
-            say("  this data overlaps several budgeted datasets; each is charged: "
-                + "; ".join(ledger.label(k) for k in found.overlapped))
-        return found.overlapped
-    fix = (f"open its budget explicitly: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} "
-           f"--space {req.space.source or 'SPACE'} --epsilon E --delta D (it lists the existing budgets)")
-    if found.overlapped:
-        raise ConfigError("--budget-epsilon" if req.budget_epsilon is not None else "budget",
-                          "this data holds records of the budgeted "
-                          + "; ".join(ledger.label(k) for k in found.overlapped)
-                          + " and records in no budget: no budget is opened for it implicitly; nothing was charged",
-                          fix + "; its searches are then charged to those too")
-    if found.by_ids:  # its ids are a budget's, its content is not: a changed copy, or other data with alike ids
-        raise _ids_alike(req, ledger, found.by_ids)
-    if req.budget_epsilon is None:
-        raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {ledger.path}",
-                          "pass --budget-epsilon E (and --budget-delta) once, or " + fix)
-    try:
-        key = open_budget(ledger, p.data, req.budget_epsilon, req.budget_delta or req.space.privacy.delta,
-                          label=req.space.dataset.name)
-    except ConfigError as e:  # the ledger's checks, under the flags that set the values
-        raise e.renamed({"--epsilon": "--budget-epsilon", "--delta": "--budget-delta"}.get(e.field, e.field)) from e
-    say(f"  opened a privacy budget for this dataset: {ledger.label(key)}, epsilon = {req.budget_epsilon:g}")
-    return [key]
-
-
-def _ids_alike(req: SearchRequest, ledger: Ledger, keys: list[str]) -> ConfigError:
-    """Data that shares record ids with budgets but none's content: which it is, only the curator can say."""
-    space = req.space.source or "SPACE"
-    labels = "; ".join(ledger.label(k) for k in keys)
-    return ConfigError(
-        "--budget-epsilon" if req.budget_epsilon is not None else "budget",
-        f"this data shares record ids with the budgeted {labels} but not their content (a feature column added, or "
-        "values changed beyond a small edit, or other data whose ids merely look alike): no budget is opened for it "
-        "implicitly and it is not charged to that one unasked; nothing was charged",
-        f"if these are its records, charge them to its budget: {python_m('dptune.ledger')} adopt --ledger "
-        f"{ledger.path} --space {space} --dataset-id {ledger.dataset_id(keys[0])}; if it is other data, open its "
-        f"own budget: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} --space {space} --epsilon E "
-        "--delta D")
-
-
 def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
              say: Callable[[str], None]) -> tuple[Charge, Draw]:
     if run.root.exists():
         raise ConfigError("--name", f"{run.root} already exists", "choose a new --name, or --resume that search")
-    budget_fps = _budget_keys(req, ledger, p, say)
+    budget_fps = budget_keys(req, ledger, p.data, p.fingerprint, say)
     charge_id = ledger.reserve(budget_fps, run.root.name, p.plan.search_event, n=p.n_train)  # rule 4: durable first
     run.create()
     charge = ledger.charge(charge_id)
