@@ -21,12 +21,12 @@ DOCS = ROOT / "docs"
 _OUTSIDE = re.compile(r"\]\(\.\./([^)#\s]+)")
 
 
-_RELATIVE_MD = re.compile(r"\]\(([^)#\s:]+\.md)(?:#[^)\s]*)?\)")
+_RELATIVE = re.compile(r"\]\((?![a-z]+:|#|/)([^)#\s]+)")
 
 
 def _outside_targets() -> set[str]:
-    """The repository files (outside docs/) that the top-level pages link to, and the Markdown files outside
-    docs/ that those link to in turn (a results page citing its sibling tables), so strict mode finds them."""
+    """The repository files (outside docs/) that the top-level pages link to, and the Markdown files those link to
+    in turn (relative links, e.g. a results page's companions), so a linked page's own links resolve."""
     found = set()
     for page in DOCS.glob("*.md"):
         for target in _OUTSIDE.findall(page.read_text()):
@@ -34,15 +34,15 @@ def _outside_targets() -> set[str]:
                 found.add(target)
     todo = [t for t in found if t.endswith(".md")]
     while todo:
-        source = ROOT / todo.pop()
-        for link in _RELATIVE_MD.findall(source.read_text()):
-            target = (source.parent / link).resolve()
-            if not target.is_file() or not target.is_relative_to(ROOT) or target.is_relative_to(DOCS):
-                continue
-            rel = target.relative_to(ROOT).as_posix()
-            if rel not in found:
-                found.add(rel)
-                todo.append(rel)
+        page = ROOT / todo.pop()
+        for link in _RELATIVE.findall(page.read_text()):
+            target = (page.parent / link).resolve()
+            if target.is_file() and target.is_relative_to(ROOT) and not target.is_relative_to(DOCS):
+                rel = target.relative_to(ROOT).as_posix()
+                if rel not in found:
+                    found.add(rel)
+                    if rel.endswith(".md"):
+                        todo.append(rel)
     return found
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -221,28 +222,58 @@ def test_ledger_files_are_owner_only_and_ids_are_random(tmp_path: Path) -> None:
     assert ids[0] != ids[1] and FP not in ids and all(len(i) == 32 for i in ids)
 
 
-def test_content_near_copy_is_advisory_and_legacy_budgets_match_as_before(tmp_path: Path) -> None:
-    """Issue item 11 of the last round, under record ids: a budget opened before ids (content digests only)
-    still takes data sharing >= 90 % of its examples; a budget with ids takes data by ids, and content
-    sharing >= 90 % without a shared id is only a near match (advisory)."""
-    from dptune.ledger._budgets import match, record_id_digests
+@dataclass
+class _Records:
+    """A dataset as the ledger sees it (what ``dptune.data.Splits`` provides), written out by the test."""
+
+    record_ids: tuple[str, ...] | None
+    signatures: list[tuple[bytes, ...]]
+    digests: list[bytes]
+
+    def content_signatures(self) -> list[tuple[bytes, ...]]:
+        return self.signatures
+
+    def example_digests(self) -> list[bytes]:
+        return self.digests
+
+
+def _sig(tag: str, i: int) -> tuple[bytes, ...]:
+    return tuple(hashlib.sha256(f"{tag}/{i}/{k}".encode()).digest()[:16] for k in range(8))
+
+
+def test_legacy_budgets_match_as_before_and_new_ones_namespace_ids_by_content(tmp_path: Path) -> None:
+    """A budget opened before record ids (exact digests only) still takes data sharing >= 90 % of its examples, and
+    one opened before content signatures still takes data by ids; a budget with content signatures takes data by
+    content (share >= SAME_DATASET_SHARE of the smaller, whatever the ids) and compares ids only within it: the same
+    ids on other content are other records (issue 40 item 6)."""
+    from dptune.ledger._budgets import SAME_DATASET_SHARE, match, open_budget, record_id_digests
 
     digests = sorted(hashlib.sha256(str(i).encode()).digest() for i in range(1000))
     near = digests[:950] + [hashlib.sha256(b"new").digest()]  # 95 % shared
     far = digests[:500] + [hashlib.sha256(str(-i).encode()).digest() for i in range(1, 600)]
+    sigs = [_sig("a", i) for i in range(1000)]
     led = Ledger(tmp_path / "l.sqlite")
-    led.set_budget(FP, 5.0, DELTA, digests=digests)  # legacy: no ids
-    assert match(led, FP, [], digests).overlapped == [FP]
-    assert match(led, "e" * 64, [], near).overlapped == [FP]
-    assert match(led, "d" * 64, [], far).overlapped == []  # 500/1000 shared: another dataset
+    led.set_budget(FP, 5.0, DELTA, digests=digests)  # legacy: no ids, no content
+    assert match(led, _Records(None, sigs, digests), FP).overlapped == [FP]
+    assert match(led, _Records(None, sigs[:951], near), "e" * 64).legacy == [FP]
+    assert match(led, _Records(None, sigs, far), "d" * 64).overlapped == []  # 500/1000 shared: another dataset
     led2 = Ledger(tmp_path / "l2.sqlite")
-    ids = record_id_digests(led2, [f"r/{i}" for i in range(1000)])
-    led2.set_budget(FP, 5.0, DELTA, digests=digests, ids=ids)
-    other_ids = record_id_digests(led2, [f"s/{i}" for i in range(1000)])
-    m = match(led2, "e" * 64, other_ids, near)
-    assert (m.overlapped, m.near) == ([], [FP])
-    m = match(led2, "e" * 64, ids[:10], far)  # ten shared records: charged, and covered
-    assert (m.overlapped, m.covered, m.near) == ([FP], True, [])
+    ids = tuple(f"r/{i}" for i in range(1000))
+    led2.set_budget(FP, 5.0, DELTA, digests=digests, ids=record_id_digests(led2, ids))  # legacy: ids, no content
+    m = match(led2, _Records(ids[:10], [_sig("z", i) for i in range(10)], far[:10]), "e" * 64)
+    assert (m.overlapped, m.covered, m.legacy) == ([FP], True, [FP])  # ten shared records: charged, covered
+    led3 = Ledger(tmp_path / "l3.sqlite")
+    key = open_budget(led3, _Records(ids, sigs, digests), 5.0, DELTA, "a")
+    rekeyed = _Records(tuple(f"s/{i}" for i in range(1000)), sigs, digests)
+    m = match(led3, rekeyed, "e" * 64)
+    assert (m.overlapped, m.covered, m.by_content) == ([key], True, [key])
+    other = _Records(ids, [_sig("b", i) for i in range(1000)], far)  # the same ids, other content
+    assert match(led3, other, "f" * 64).overlapped == []
+    k = int(SAME_DATASET_SHARE * 400)  # a 400-record subset: a share of the smaller set
+    part = _Records(tuple(f"t/{i}" for i in range(400)), sigs[:k] + [_sig("c", i) for i in range(400 - k)], far)
+    assert match(led3, part, "0" * 64).overlapped == [key] and not match(led3, part, "0" * 64).covered
+    part.signatures[0] = _sig("c", -1)  # one record short of the share
+    assert match(led3, part, "0" * 64).overlapped == []
 
 
 def _open_new_ledgers(paths: list[str], barrier: object, out: mp.Queue) -> None:

@@ -1,9 +1,12 @@
-"""``python -m dptune.ledger {show,set-budget,new-budget}``: budgets and charges of a ledger (curator only).
+"""``python -m dptune.ledger {show,set-budget,new-budget,adopt}``: budgets and charges of a ledger (curator only).
 
-``new-budget --space S`` is the one explicit way to open a budget for data that resembles or partly overlaps
-a budgeted dataset: it reads the space's dataset, lists every existing budget and those the data overlaps (by
-record ids) or resembles (by content), then opens the budget. ``set-budget --dataset-id`` changes an existing
-budget only."""
+``new-budget --space S`` is the one explicit way to open a budget for data that partly overlaps a budgeted
+dataset, or shares a budget's record ids but not its content: it reads the space's dataset, lists every existing
+budget and those whose records the data holds (by content, and record ids within a dataset), then opens the
+budget; searches are charged to those too (not to a budget whose ids alone it shares: the curator declared it other
+data). ``adopt --space S --dataset-id ID`` is the curator's word that the space's dataset holds budget ID's records
+(a copy changed beyond the content signatures, e.g. a feature column added): the budget takes its signatures, and
+its searches are charged to it. ``set-budget --dataset-id`` changes an existing budget only."""
 
 from __future__ import annotations
 
@@ -15,7 +18,15 @@ from typing import Any
 
 from dptune.cli._common import run_cli
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
-from dptune.ledger import Ledger, budget_key, budget_match, default_ledger_path, open_budget
+from dptune.ledger import (
+    Ledger,
+    adopt_records,
+    budget_key,
+    budget_match,
+    default_ledger_path,
+    open_budget,
+    same_records_keys,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     nb.add_argument("--epsilon", type=float, required=True)
     nb.add_argument("--delta", type=float, required=True)
     nb.add_argument("--label", default="", help="a name for the budget (default: the dataset's name)")
+    ad = sub.add_parser("adopt", help="charge a space's dataset to an existing budget (the same records, changed)")
+    ad.add_argument("--ledger", help="default: the per-user ledger searches use")
+    ad.add_argument("--space", required=True, help="the search space whose dataset holds the budget's records")
+    ad.add_argument("--dataset-id", required=True, help="the budget's id, as `show` and the search's refusal print it")
     return parser
 
 
@@ -77,24 +92,47 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
     ledger = Ledger(path)
     print(f"ledger: {ledger.path}")
     key = budget_key(ledger, data)
-    if ledger.budget(key) is not None:
-        raise ConfigError("--space", f"these very records already have a budget: {ledger.label(key)}",
-                          f"change it with {python_m('dptune.ledger')} set-budget --dataset-id {ledger.dataset_id(key)}")
+    for same in same_records_keys(ledger, data):  # an older dptune keyed a budget on its ids alone
+        if ledger.budget(same) is not None:
+            raise ConfigError("--space", f"these very records already have a budget: {ledger.label(same)}",
+                              f"change it with {python_m('dptune.ledger')} set-budget --dataset-id "
+                              f"{ledger.dataset_id(same)}")
     found = budget_match(ledger, data, data.pool_fingerprint())
     budgets = [d for d in _show(ledger) if d["dataset_id"]]
     print(f"existing budgets ({len(budgets)}):" if budgets else "no budgets yet")
     for d in budgets:
         print(f"  {d['label']} (id {d['dataset_id']}): ε = {d['budget_epsilon']:g}, δ = {d['budget_delta']:g}, spent ε = "
               f"{d['spent_epsilon']:.4g}")
-    for key in found.overlapped:
-        print(f"  this data shares records with {ledger.label(key)}: its searches are charged to that budget too")
-    for key in found.near:
-        print(f"  this data's content nearly matches {ledger.label(key)} (no shared record id): if it is a copy, "
-              "declare the same record ids instead of opening a budget")
+    for other in found.overlapped:  # not `key`: that names the budget opened below
+        how = " (by content, under other ids or in another format)" if other in found.by_content else ""
+        print(f"  this data shares records with {ledger.label(other)}{how}: its searches are charged to that budget too")
+    for other in found.by_ids:
+        print(f"  this data shares record ids with {ledger.label(other)} but not their content: opened as other data, "
+              "its searches are not charged to that budget. If these are its records (changed), do not open a budget: "
+              f"{python_m('dptune.ledger')} adopt --ledger {ledger.path} --space {args.space} --dataset-id "
+              f"{ledger.dataset_id(other)}")
     if data.record_ids is None:
-        print("  WARNING: no dataset.id_column: the ledger knows this table's records only by their content")
+        print("  note: no dataset.id_column: the ledger knows this table's records by their content only")
     open_budget(ledger, data, args.epsilon, args.delta, label=args.label or dataset.name)
     print(f"opened the budget of {ledger.label(key)}: ε = {args.epsilon:g}, δ = {args.delta:g}")
+    return 0
+
+
+def _adopt(args: argparse.Namespace, path: Path) -> int:
+    from dptune.config import load_space
+    from dptune.data import load_dataset
+
+    if not path.is_file():
+        raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
+    ledger = Ledger(path)
+    key = ledger.budget_key(args.dataset_id)  # refuses an id that names no budget
+    data = load_dataset(load_space(args.space).dataset)
+    found = budget_match(ledger, data, data.pool_fingerprint())
+    adopt_records(ledger, key, data)
+    print(f"ledger: {ledger.path}")
+    if key not in found.overlapped and key not in found.by_ids:
+        print(f"  note: this data shared neither content nor record ids with {ledger.label(key)}: adopted as you said")
+    print(f"this data's searches are charged to the budget of {ledger.label(key)} (it holds that budget's records)")
     return 0
 
 
@@ -102,6 +140,8 @@ def _main(args: argparse.Namespace) -> int:
     path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
     if args.command == "new-budget":
         return _new_budget(args, path)
+    if args.command == "adopt":
+        return _adopt(args, path)
     if not path.is_file():  # Ledger() would create it: a typo must be an error, not an empty ledger
         raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
     ledger = _reader(path) if args.command == "show" else Ledger(path)

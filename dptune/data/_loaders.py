@@ -34,6 +34,8 @@ def load_digits(spec: DatasetSpec) -> Splits:
     """scikit-learn's bundled 8x8 digits (1797 real images, offline), pixel range 0..16."""
     from sklearn.datasets import load_digits as sk_digits
 
+    from dptune.data._content import image_signatures
+
     d = sk_digits()
     x = torch.from_numpy(np.asarray(d.images, dtype=np.float32) / 16.0).unsqueeze(1)
     x = normalise(x, (0.5,), (0.5,))
@@ -41,7 +43,8 @@ def load_digits(spec: DatasetSpec) -> Splits:
     test, val, train = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed,
                                      "dataset.test_size")
     return make_splits(take(x, y, train), take(x, y, val), take(x, y, test), 10,
-                       record_ids=tuple(f"digits/{i}" for i in range(len(y))))  # the index in scikit-learn's copy
+                       record_ids=tuple(f"digits/{i}" for i in range(len(y))),  # the index in scikit-learn's copy
+                       signatures=image_signatures(d.images, 16))  # stored levels 0..16
 
 
 def existing_dir(spec: DatasetSpec) -> Path:
@@ -54,23 +57,30 @@ def existing_dir(spec: DatasetSpec) -> Path:
     return p
 
 
-def _read_folder(folder: Path, classes: list[str]) -> Pair:
+def _read_folder(folder: Path, classes: list[str]) -> tuple[Pair, list[tuple[bytes, ...]]]:
+    """The folder's images resized to 32x32 RGB, and each one's content signatures from its stored pixels (before
+    the resize: an export of other data at its own size is recognised)."""
     from torchvision import transforms
     from torchvision.datasets import ImageFolder
+
+    from dptune.data._content import image_signatures
 
     index = {c: i for i, c in enumerate(classes)}
     if any(d.is_dir() and d.name not in index for d in folder.iterdir()):  # not named: a private label value
         raise ConfigError("dataset.classes", f"{folder.name}/ holds a class folder that dataset.classes does not list",
                           "list every class folder in dataset.classes (or move that folder out)")
-    tf = transforms.Compose([transforms.Resize((IMAGE_SIZE, IMAGE_SIZE)), transforms.ToTensor()])
-    ds = ImageFolder(str(folder), transform=tf, loader=lambda p: _rgb(p), allow_empty=True)
-    xs, ys = [], []
-    for img, label in ds:
-        xs.append(img)
+    resize = transforms.Compose([transforms.Resize((IMAGE_SIZE, IMAGE_SIZE)), transforms.ToTensor()])
+    ds = ImageFolder(str(folder), allow_empty=True)  # its file list only: each image is read once, below
+    xs, ys, stored = [], [], []
+    for path, label in ds.samples:
+        img = _rgb(path)
+        stored.append(np.asarray(img).transpose(2, 0, 1))
+        xs.append(resize(img))
         ys.append(index[ds.classes[label]])
     if not xs:
         raise ConfigError("dataset.path", f"{str(folder)!r} holds no images", "add images under <class>/ folders")
-    return normalise(torch.stack(xs), (0.5,) * 3, (0.5,) * 3), torch.tensor(ys, dtype=torch.int64)
+    return ((normalise(torch.stack(xs), (0.5,) * 3, (0.5,) * 3), torch.tensor(ys, dtype=torch.int64)),
+            image_signatures(stored, 255))
 
 
 def _rgb(path: str) -> Any:
@@ -90,15 +100,17 @@ def load_imagefolder(spec: DatasetSpec) -> Splits:
                           "lay the images out as <path>/train/<class>/*.png")
     # the declared classes, in order (never the folders found: a new folder would change the output layer)
     classes = [str(c) for c in spec.classes or []]
-    x, y = _read_folder(train_dir, classes)
+    (x, y), signatures = _read_folder(train_dir, classes)
     if test_dir.is_dir():
-        test = _read_folder(test_dir, classes)
+        test, test_signatures = _read_folder(test_dir, classes)
+        signatures += test_signatures
         val, train = split_indices(len(y), (spec.validation_size,), spec.split_seed, "dataset.validation_size")
     else:
         t_idx, val, train = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed,
                                           "dataset.test_size")
         test = take(x, y, t_idx)
-    return make_splits(take(x, y, train), take(x, y, val), test, len(classes), record_ids=_folder_ids(root))
+    return make_splits(take(x, y, train), take(x, y, val), test, len(classes), record_ids=_folder_ids(root),
+                       signatures=signatures)
 
 
 def _folder_ids(root: Path) -> tuple[str, ...]:

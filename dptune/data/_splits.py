@@ -32,12 +32,31 @@ class Splits:
     # a built-in's "<name>/<official split>/<index>", an imagefolder's relative path); None: a table without
     # dataset.id_column, whose records the ledger can only know by their content
     record_ids: tuple[str, ...] | None = None
+    # what identifies each record for its budget, in the order of record_ids (the source's): its content signatures
+    # (``dptune.data._content``: the model's input before any resize or normalisation, never an id or a label);
+    # None: computed from the tensors (a Splits built outside the loaders)
+    record_signatures: tuple[tuple[bytes, ...], ...] | None = None
 
     def example_digests(self) -> list[bytes]:
         """sha256 of every example (train ∪ validation ∪ test; image bytes + label, or the source record),
         sorted. Curator-side only (the ledger): an exact hash of private records decides membership of the
         last one. Computed once per Splits (the search needs them for the fingerprint and the ledger)."""
         return list(self._sorted_digests)
+
+    def content_signatures(self) -> list[tuple[bytes, ...]]:
+        """Each record's content signatures (curator-side only, like the digests), in the order of record_ids."""
+        return list(self._signatures)
+
+    @functools.cached_property
+    def _signatures(self) -> tuple[tuple[bytes, ...], ...]:
+        if self.record_signatures is not None:
+            return self.record_signatures
+        from dptune.data._content import image_signatures
+
+        # the tensors are normalised and maybe resized: the signatures' direction (centred, signs of projections)
+        # is unchanged by a fixed affine normalisation, not by a resize; the loaders give the stored pixels'
+        xs = [p[0].detach().cpu().numpy() for p in (self.train, self.val, self.test)]
+        return tuple(image_signatures((x for part in xs for x in part), 1.0))
 
     @functools.cached_property
     def _sorted_digests(self) -> tuple[bytes, ...]:
@@ -61,13 +80,17 @@ class Splits:
 
 
 def make_splits(train: Pair, val: Pair, test: Pair, num_classes: int,
-                record_digests: tuple[bytes, ...] | None = None, record_ids: tuple[str, ...] | None = None) -> Splits:
+                record_digests: tuple[bytes, ...] | None = None, record_ids: tuple[str, ...] | None = None,
+                signatures: list[tuple[bytes, ...]] | None = None) -> Splits:
     def fix(p: Pair) -> Pair:
         return p[0].to(torch.float32).contiguous(), p[1].to(torch.int64).contiguous()
 
     tr = fix(train)
     c, h, w = tr[0].shape[1:]
-    return Splits(tr, fix(val), fix(test), num_classes, (int(c), int(h), int(w)), record_digests, record_ids)
+    if signatures is not None and record_ids is not None and len(signatures) != len(record_ids):
+        raise AssertionError("one content signature tuple per record id")  # a loader's bug, never user input
+    return Splits(tr, fix(val), fix(test), num_classes, (int(c), int(h), int(w)), record_digests, record_ids,
+                  tuple(signatures) if signatures is not None else None)
 
 
 def poisson_subsample(splits: Splits, fraction: float, seed: int) -> Splits:

@@ -56,12 +56,19 @@ def load_vision(spec: DatasetSpec) -> Splits:
         val, tr = split_indices(len(y), (spec.validation_size,), spec.split_seed, "dataset.validation_size")
         ids = (*_ids(spec.name, "train", len(y)), *_ids(spec.name, "test", len(test[1])))
         return make_splits(take(x, y, tr), take(x, y, val), (_to_float(spec.name, test[0]), test[1]), train[2],
-                           record_ids=ids)
+                           record_ids=ids, signatures=_signatures(train[0]) + _signatures(test[0]))
     pool = _read(reader, root, spec.split, spec)
     x, y = _to_float(spec.name, pool[0]), pool[1]
     te, val, tr = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed, "dataset.test_size")
     return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), pool[2],
-                       record_ids=_ids(spec.name, spec.split, len(y)))
+                       record_ids=_ids(spec.name, spec.split, len(y)), signatures=_signatures(pool[0]))
+
+
+def _signatures(images: torch.Tensor) -> list[tuple[bytes, ...]]:
+    """Each image's content signatures from its stored 8-bit levels (what identifies it for its budget)."""
+    from dptune.data._content import image_signatures
+
+    return image_signatures(images.numpy(), 255)
 
 
 def check_planned_size(spec: DatasetSpec, data: Splits) -> None:

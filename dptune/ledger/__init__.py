@@ -1,11 +1,19 @@
 """Privacy ledger: per-dataset budgets and every charge (see :mod:`dptune.ledger._store`); which budgets a
-dataset falls under, by record ids (:mod:`dptune.ledger._budgets`).
+dataset falls under, by its records' content and, within a dataset, their ids (:mod:`dptune.ledger._budgets`).
 
-CLI: ``python -m dptune.ledger {show,set-budget,new-budget} [--ledger FILE]``.
+CLI: ``python -m dptune.ledger {show,set-budget,new-budget,adopt} [--ledger FILE]``.
 """
 
-from dptune.ledger._budgets import BudgetMatch, adopt_ids, budget_key, budget_match, open_budget
+from dptune.ledger._budgets import (
+    BudgetMatch,
+    adopt_identity,
+    adopt_records,
+    budget_key,
+    budget_match,
+    open_budget,
+    same_records_keys,
+)
 from dptune.ledger._store import BudgetExceeded, Charge, Ledger, default_ledger_path, event_sha256
 
-__all__ = ["BudgetExceeded", "BudgetMatch", "Charge", "Ledger", "adopt_ids", "budget_key", "budget_match",
-           "default_ledger_path", "event_sha256", "open_budget"]
+__all__ = ["BudgetExceeded", "BudgetMatch", "Charge", "Ledger", "adopt_identity", "adopt_records", "budget_key",
+           "budget_match", "default_ledger_path", "event_sha256", "open_budget", "same_records_keys"]

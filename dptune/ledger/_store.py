@@ -6,8 +6,8 @@ serialized DpEvent; totals compose the events with the charged accountant (never
 its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE): concurrent reservations can
 neither be lost nor overspend; schema and key set-up is one BEGIN EXCLUSIVE. What is public and what is not:
 
-* a budget's key, a dataset's **fingerprint** (a hash of every example), its **per-example digests** and its
-  keyed **record-id digests** (:mod:`dptune.ledger._budgets`) stay here: whoever knows all records but one
+* a budget's key, a dataset's **fingerprint** (a hash of every example), its keyed **content signatures** and
+  **record-id digests** (:mod:`dptune.ledger._budgets`; older budgets: **per-example digests**) stay here: whoever knows all records but one
   could test candidates for the last one against an exact hash. Certificates, ``ledger show`` and every
   message name a budget by its label and random ``dataset_id`` (128 bits of OS entropy, drawn when it is set);
 * a charge's row id counts the charges before it: certificates carry its random ``token`` instead;
@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY AUTOINCREMENT, finger
     status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'aborted')), created REAL NOT NULL, closed REAL);
 """
 # columns added after the first release of the schema (older ledgers are upgraded in place)
-_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER"), ("ids", "BLOB")),
+_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER"), ("ids", "BLOB"),
+                      ("content", "BLOB")),
           "charges": (("token", "TEXT"), ("event_sha256", "TEXT"), ("group_id", "INTEGER"))}
 
 
@@ -214,8 +215,10 @@ class Ledger:
 
     def set_budget(self, fingerprint: str, epsilon: float, delta: float, label: str = "",
                    digests: Sequence[bytes] | None = None, n: int | None = None,
-                   ids: Sequence[bytes] | None = None) -> None:
-        """Open or change the budget keyed ``fingerprint``; ``n`` records (default: of ``digests``): δ < 1/n."""
+                   ids: Sequence[bytes] | None = None, content: bytes | None = None) -> None:
+        """Open or change the budget keyed ``fingerprint``; ``n`` records (default: of ``digests``): δ < 1/n.
+        ``ids``, ``content``: its keyed record ids and content signatures (``dptune.ledger._budgets``); ``digests``:
+        exact example digests, as budgets opened before content signatures stored them."""
         n = n if n is not None else (len(digests) if digests is not None else None)
         blob = b"".join(sorted(digests)) if digests is not None else None
         id_blob = b"".join(sorted(ids)) if ids is not None else None
@@ -227,12 +230,13 @@ class Ledger:
                 raise BudgetExceeded("--epsilon", f"{eps_spent:.4g} has already been spent on this dataset",
                                      f"choose a budget >= {eps_spent:.4g}")
             con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests, records, "
-                        "ids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
+                        "ids, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
                         "epsilon=excluded.epsilon, delta=excluded.delta, label=COALESCE(excluded.label, budgets.label), "
                         "digests=COALESCE(excluded.digests, budgets.digests), "
-                        "records=COALESCE(excluded.records, budgets.records), ids=COALESCE(excluded.ids, budgets.ids)",
+                        "records=COALESCE(excluded.records, budgets.records), ids=COALESCE(excluded.ids, budgets.ids), "
+                        "content=COALESCE(excluded.content, budgets.content)",
                         (fingerprint, float(epsilon), float(delta), label or None, time.time(), secrets.token_hex(16),
-                         blob, n, id_blob))
+                         blob, n, id_blob, content))
 
     def budget_key(self, dataset_id: str) -> str:
         """The key of the budget with this public ``dataset_id``; ConfigError if none (no phantom budget)."""

@@ -21,8 +21,8 @@ import optuna.distributions as od
 from dptune import stopping
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
 from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
-from dptune.errors import ConfigError, check_delta, python_m
-from dptune.ledger import Charge, Ledger, adopt_ids, budget_match, open_budget
+from dptune.errors import ConfigError, check_delta
+from dptune.ledger import Charge, Ledger
 from dptune.release import (
     day_of,
     release_document,
@@ -33,6 +33,7 @@ from dptune.release import (
 )
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
+from dptune.tuning.budgets import budget_keys
 from dptune.tuning.draw import Draw, make_draw
 from dptune.tuning.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
 from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
@@ -133,51 +134,11 @@ def _prepare(req: SearchRequest) -> _Prepared:
     return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), transfer, notes, req.space)
 
 
-def _budget_keys(req: SearchRequest, ledger: Ledger, p: _Prepared, say: Callable[[str], None]) -> list[str]:
-    """Every budget this dataset is charged to: those sharing a record with it (by keyed record ids, the
-    privacy unit). ``--budget-epsilon`` opens one only for data that overlaps no budget and resembles none;
-    anything else is the explicit act of ``python -m dptune.ledger new-budget``."""
-    found = budget_match(ledger, p.data, p.fingerprint)
-    if p.data.record_ids is None:
-        say("  WARNING: this table declares no dataset.id_column: the ledger knows its records only by their "
-            "content, so a copy with any value changed (jitter, an added column) is a different dataset to it. "
-            "Declare the column that identifies each record.")
-    for key in found.near:
-        say(f"  WARNING: this data's content nearly matches the budgeted {ledger.label(key)}, which shares no "
-            "record id with it: if it is a copy, declare the same record ids (dataset.id_column)")
-    for key in found.legacy:
-        adopt_ids(ledger, key, p.data)
-    if found.overlapped and found.covered:
-        if len(found.overlapped) > 1:
-            say("  this data overlaps several budgeted datasets; each is charged: "
-                + "; ".join(ledger.label(k) for k in found.overlapped))
-        return found.overlapped
-    fix = (f"open its budget explicitly: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} "
-           f"--space {req.space.source or 'SPACE'} --epsilon E --delta D (it lists the existing budgets)")
-    if found.overlapped:
-        raise ConfigError("budget", "this data holds records of the budgeted "
-                          + "; ".join(ledger.label(k) for k in found.overlapped)
-                          + " and records in no budget", fix + "; its searches are then charged to those too")
-    if found.near:
-        raise ConfigError("--budget-epsilon", "this data resembles a budgeted dataset (see the warning above): "
-                          "no budget is opened for it implicitly", fix)
-    if req.budget_epsilon is None:
-        raise ConfigError("--budget-epsilon", f"this dataset has no privacy budget in {ledger.path}",
-                          "pass --budget-epsilon E (and --budget-delta) once, or " + fix)
-    try:
-        key = open_budget(ledger, p.data, req.budget_epsilon, req.budget_delta or req.space.privacy.delta,
-                          label=req.space.dataset.name)
-    except ConfigError as e:  # the ledger's checks, under the flags that set the values
-        raise e.renamed({"--epsilon": "--budget-epsilon", "--delta": "--budget-delta"}.get(e.field, e.field)) from e
-    say(f"  opened a privacy budget for this dataset: {ledger.label(key)}, epsilon = {req.budget_epsilon:g}")
-    return [key]
-
-
 def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
              say: Callable[[str], None]) -> tuple[Charge, Draw]:
     if run.root.exists():
         raise ConfigError("--name", f"{run.root} already exists", "choose a new --name, or --resume that search")
-    budget_fps = _budget_keys(req, ledger, p, say)
+    budget_fps = budget_keys(req, ledger, p.data, p.fingerprint, say)
     charge_id = ledger.reserve(budget_fps, run.root.name, p.plan.search_event, n=p.n_train)  # rule 4: durable first
     run.create()
     charge = ledger.charge(charge_id)

@@ -80,15 +80,17 @@ def with_layer_clip(space: SearchSpace, data: Any) -> SearchSpace:
 
 
 def check_public(space: SearchSpace, ledger: Any) -> None:
-    """A dataset declared public for alc holds no record of any budgeted dataset (the ledger's record ids and
-    content digests): otherwise its gradient norms would be a statistic of private data, used un-noised."""
+    """A dataset declared public for alc holds no record of any budgeted dataset, by the ledger's test of what a
+    dataset is (its records' content, whatever their ids or format; record ids within it): otherwise its per-layer
+    norms would be an un-noised statistic of private data. Refused before anything is charged."""
     from dptune.data import load_dataset
     from dptune.ledger import budget_match
 
     assert space.alc is not None
     public = load_dataset(space.alc.public)
     found = budget_match(ledger, public, public.pool_fingerprint())
-    if found.overlapped or found.near:
+    if found.overlapped:
         raise ConfigError("alc.public", "holds records of a budgeted dataset (" + "; ".join(
-            ledger.label(k) for k in [*found.overlapped, *found.near]) + "): it is not public",
+            ledger.label(k) for k in found.overlapped) + ", known by their content whatever their format or "
+            "edits): it is not public; nothing was charged",
             "declare a dataset that no budget covers as alc.public")
