@@ -3,6 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dptune-installed
+SITE ?= site
 
 .PHONY: venv search plan test test-slow lint docs bench clean
 
@@ -37,9 +38,10 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/tuning_value.py --quick
 
-# The docs site (mkdocs.yml): strict, so a broken link or anchor, or a stale docs/spaces.md, fails the build.
+# The docs site (mkdocs.yml): strict, so a broken link or anchor, or a stale docs/spaces.md, fails the build
+# (never add -q: MkDocs 1.6 then stops counting warnings). tests/test_docs.py runs this very recipe.
 docs: $(STAMP)
-	$(BIN)/python -m mkdocs build --strict -d site
+	$(BIN)/python -m mkdocs build --strict -d $(SITE)
 
 clean:
 	rm -rf runs site .pytest_cache .mypy_cache .ruff_cache
