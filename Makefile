@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dptune-installed
 SITE ?= site
 
-.PHONY: venv search plan test test-slow lint docs bench clean
+.PHONY: venv search plan test test-fast test-slow lint docs bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,11 @@ lint: $(STAMP)
 # README test command: lint + types + the default (fast) test suite.
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The unit tests a developer runs often: no Ray, no DP-SGD training (markers set in tests/conftest.py); CI runs
+# them inside make test, with the rest.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not gpu and not ray and not train"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
