@@ -237,3 +237,12 @@ def test_a_new_mode_is_one_registration_and_one_engine_class() -> None:
                           ExactAgain)
     finally:
         del clipping.MODES["exact_again"], ENGINES["exact_again"]
+
+
+@pytest.mark.parametrize("space_file", sorted((ROOT / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_spaces_leave_the_accounting_to_the_stopping_rule(space_file: Path) -> None:
+    """``search.accounting`` follows from the rule (``stopping.accounting_of``): a shipped space does not repeat it."""
+    import yaml
+
+    raw = yaml.safe_load(space_file.read_text())
+    assert "accounting" not in (raw.get("search") or {}), f"{space_file.name}: drop search.accounting"
