@@ -3,8 +3,9 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dptune-installed
+SITE ?= site
 
-.PHONY: venv search plan test test-slow lint docs bench clean
+.PHONY: venv search plan test test-fast test-slow lint docs bench clean
 
 # pip's and setuptools' own output (an editable-install warning box, minutes before dptune says a word) goes to
 # $(VENV)/install.log, shown only if the install fails.
@@ -32,6 +33,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
+# The unit tests a developer runs often: no Ray, no DP-SGD training (markers set in tests/conftest.py); CI runs
+# them inside make test, with the rest.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not gpu and not ray and not train"
+
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
@@ -40,9 +46,10 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/tuning_value.py --quick
 
-# The docs site (mkdocs.yml): strict, so a broken link or anchor, or a stale docs/spaces.md, fails the build.
+# The docs site (mkdocs.yml): strict, so a broken link or anchor, or a stale docs/spaces.md, fails the build
+# (never add -q: MkDocs 1.6 then stops counting warnings). tests/test_docs.py runs this very recipe.
 docs: $(STAMP)
-	$(BIN)/python -m mkdocs build --strict -d site
+	$(BIN)/python -m mkdocs build --strict -d $(SITE)
 
 clean:
 	rm -rf runs site .pytest_cache .mypy_cache .ruff_cache

@@ -4,7 +4,7 @@ certificates as the CLIs (which are thin wrappers over the same library calls).
     import dptune
     plan = dptune.plan("search_spaces/digits.yaml")            # what the search will cost
     found = dptune.search("search_spaces/digits.yaml", budget_epsilon=30, num_cpus=2)
-    model = dptune.train(found.release, target_epsilon=12)     # composed total ε ≤ 12
+    model = dptune.train(found.release)     # composed total ε ≤ the space's privacy.target_epsilon
     print(found.config, found.epsilon, model.metrics["test_accuracy"], model.epsilon)
 
 A space is a YAML path or a dict with the same keys. Bad input raises :class:`dptune.ConfigError` (naming
@@ -147,7 +147,9 @@ def resume_call(given: Mapping[str, Any], name: str) -> str:
 def train(release: str | Path | SearchResult, *, out: str | Path | None = None, target_epsilon: float | None = None,
           train_on_validation: bool = False, epochs: float | None = None, device: str | None = None,
           use_best_checkpoint: bool = False, seed: int | None = None) -> FinalModel:
-    """Final DP training of a release (charged to the search's own ledger): what it wrote and what it cost."""
+    """Final DP training of a release (charged to the search's own ledger): what it wrote and what it cost.
+    ``target_epsilon`` (search + training) defaults to the one the release carries (the space's
+    ``privacy.target_epsilon``); a value given here wins, and the run prints which one it used."""
     from dptune.final import TrainRequest, run_final
 
     rel = release.release if isinstance(release, SearchResult) else Path(release)

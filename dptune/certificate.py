@@ -37,6 +37,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting import accountant, certify, epsilon, event_from_json, event_to_json
 from dptune.errors import ConfigError
+from dptune.stopping import reveals_k
 
 if TYPE_CHECKING:
     from dptune.ledger import Charge, Ledger
@@ -48,7 +49,6 @@ BINDING_VERSION = 2  # 1 (no "version" key): the MAC covered the charges only, n
 # files a certificate may sit beside: each one present must be bound (a checkpoint added to a release that
 # had none, or another search's config, is refused)
 BOUND_FILES = ("best_config.yaml", "best_checkpoint.pt", "model.pt", "metrics.json")
-_FORBIDDEN = {"k", "K", "num_trials_drawn", "trials_drawn", "trials_run"}
 _ACCOUNTANT_TEXT = {  # per ``bound``; "rdp" is the text certificates had before ``bound`` existed
     "rdp": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
     "pld": "PLD (dp_accounting, pessimistic), composed over events; the noisy max as pure (1/beta)-DP",
@@ -129,7 +129,7 @@ class Certificate:
     def build(cls, dataset_id: str, delta: float, events: list[tuple[str, de.DpEvent]],
               stopping: dict[str, Any], details: dict[str, Any] | None = None, *, reproducible: bool = False,
               created: str = "") -> Certificate:
-        forbidden = _FORBIDDEN & (set(stopping) | set(details or {}))
+        forbidden = {key for key in (*stopping, *(details or {})) if reveals_k(key)}  # checked at registration too
         if forbidden:
             raise ValueError(f"a certificate must not reveal the drawn number of trials ({forbidden})")
         proved = certify([e for _, e in events], delta)

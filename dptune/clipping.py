@@ -11,8 +11,10 @@ question the rest of the code asks about a mode comes from here:
 * ``accumulates``: a logical Poisson batch may be split into physical chunks before the one noised step;
 * ``layerwise``: the mode clips layer by layer to per-layer norms computed from public data (``alc:``).
 
-A new mode = its engine (a class in ``dptune/dpsgd/_engines.py`` registered with ``@engine("name")``) and one
-``register(ClippingMode(...))`` line below; ``tests/test_clipping_registry.py`` checks the two registries agree.
+A new mode = its engine (an ``Engine`` subclass in ``dptune/dpsgd/`` registered with ``@engine("name")``, which
+checks it implements the interface) and one ``register(ClippingMode(...))`` line below (docs/adding-a-clipping-mode.md);
+``tests/test_registry_contracts.py`` holds every registered mode to the same contract (its engine, proven by the
+clipping guard, documented).
 """
 
 from __future__ import annotations

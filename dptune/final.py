@@ -183,21 +183,37 @@ def _local_dataset(release: Release, cur: _Curator) -> DatasetSpec:
     return dataclasses.replace(release.dataset, path=path)
 
 
+def final_target(req: TrainRequest, release: Release) -> tuple[float | None, str]:
+    """The total ε that final training calibrates to, and where it comes from: the request's, else the one the
+    release carries (the space's ``privacy.target_epsilon``, bound with best_config.yaml), else none (the released
+    σ is kept)."""
+    if req.target_epsilon is not None:
+        said = release.target_epsilon
+        over = f", instead of the release's {said:g}" if said is not None and said != req.target_epsilon else ""
+        return req.target_epsilon, f"--target-epsilon {req.target_epsilon:g}{over}"
+    if release.target_epsilon is not None:
+        return release.target_epsilon, "the release's privacy.target_epsilon"
+    return None, "none (the release names no target): the released noise multiplier"
+
+
 def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple[TrialConfig, Any, dict]:
     cert = release.certificate
+    target, source = final_target(req, release)
+    print(f"dptune train: total epsilon target {'-' if target is None else f'{target:g}'}, from {source}")
     config = release.config.replace(seed=seed)
     if req.epochs is not None:
         config = config.replace(epochs=float(req.epochs))
     try:  # σ after the search's events (no score: final training releases none), lr by the transfer rule
         cal = calibrate_final(config, n_train=n, delta=cert.delta, prior_events=[e for _, e in cert.events],
-                              target_epsilon=req.target_epsilon, lr_times_sigma=release.lr_times_sigma)
+                              target_epsilon=target, lr_times_sigma=release.lr_times_sigma)
     except ConfigError as e:
-        raise (e.renamed("--target-epsilon") if e.field == "target_epsilon" else e) from e
+        field = "--target-epsilon" if req.target_epsilon is not None else "best_config.privacy.target_epsilon"
+        raise (e.renamed(field) if e.field == "target_epsilon" else e) from e
     config = cal.config
     summary = {"noise_multiplier": config.noise_multiplier, "sensitivity": cal.sensitivity,
                "sampling_rate": cal.sampling_rate, "steps": cal.steps, "epochs": config.epochs,
                "batch_size": config.batch_size, "n_train": n, "learning_rate": config.learning_rate,
-               "train_on_validation": bool(req.train_on_validation), "target_epsilon": req.target_epsilon,
+               "train_on_validation": bool(req.train_on_validation), "target_epsilon": target,
                "epsilon_alone": cal.epsilon_alone()}
     return config, cal.event, summary
 
@@ -214,8 +230,9 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
     seed = req.seed if req.seed is not None else secrets.randbits(128)
     config, event, summary = _calibrated(req, release, n, seed)
     composed = cert.compose_with("final_training", event, details={"final_training": summary})
-    if req.target_epsilon is not None and composed.epsilon > req.target_epsilon * (1 + 1e-9):
-        raise AssertionError(f"calibration missed: {composed.epsilon} > {req.target_epsilon}")  # pragma: no cover
+    target = summary["target_epsilon"]
+    if target is not None and composed.epsilon > target * (1 + 1e-9):
+        raise AssertionError(f"calibration missed: {composed.epsilon} > {target}")  # pragma: no cover
     if req.seed is not None:
         print("WARNING: --seed fixes the final training's DP noise: NOT PRIVATE (tests/reproducibility only).",
               file=sys.stderr)

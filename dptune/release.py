@@ -144,7 +144,8 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
         "space": space.name,
         "dataset": public_dataset(space.dataset),
         "config": space.fixed.replace(**params).to_public_dict(),
-        "privacy": {"delta": space.privacy.delta},
+        # the space's total budget (search + final training): dptune train's default target (bound with the file)
+        "privacy": {"delta": space.privacy.delta, "target_epsilon": space.privacy.target_epsilon},
         "score": score,
         "score_kind": kind,
         "certificate": "certificate.json",
@@ -254,6 +255,7 @@ class Release:
     config: TrialConfig  # seed 0 here: final training draws its own
     certificate: Certificate
     lr_times_sigma: float | None = None  # the scaled searcher's rule: final lr = lr_times_sigma / σ
+    target_epsilon: float | None = None  # the space's privacy.target_epsilon: final training's default target
 
 
 def load_release(path: str | Path) -> Release:
@@ -286,7 +288,17 @@ def load_release(path: str | Path) -> Release:
     if delta != cert.delta:
         raise ConfigError("best_config.privacy.delta", f"{delta!r} differs from the certificate's δ = {cert.delta:g}",
                           "use the release's files together, unmodified")
-    return Release(root, dataset, config, cert, _scaling_rule(raw))
+    return Release(root, dataset, config, cert, _scaling_rule(raw), _target(raw))
+
+
+def _target(raw: dict[str, Any]) -> float | None:
+    """``privacy.target_epsilon`` (None: the space set none, or the release predates it)."""
+    value = (raw.get("privacy") or {}).get("target_epsilon")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                              or not (math.isfinite(value) and value > 0)):
+        raise ConfigError("best_config.privacy.target_epsilon", f"{value!r} is not a positive number",
+                          "use the file the search released, unmodified")
+    return None if value is None else float(value)
 
 
 def _scaling_rule(raw: dict[str, Any]) -> float | None:

@@ -7,6 +7,11 @@ beside it (``stopping: tnb``, ``mean: 3``, ``eta: 0``) or a mapping (``stopping:
 is checked by the rule itself, and ``search.accounting`` follows from the rule instead of being a second key:
 ``random_stopping`` for a rule whose K is random (Papernot–Steinke), ``composed`` for one that charges every
 trial by composition. A new rule with its own setting is its class plus one ``register_rule`` line.
+
+Registration checks what can be checked before any charge (``check``; ``register_rule`` adds the checks that need
+the rule's events): a name registered once, ``mean`` first, and no setting a certificate must not carry — a
+certificate records the rule's settings, and a name that reads as the drawn number of trials (``k``,
+``trials_run``; ``reveals_k``) would be refused there, after the trials had run and the charge was reserved.
 """
 
 from __future__ import annotations
@@ -17,7 +22,16 @@ from typing import Any
 
 from dptune.errors import ConfigError
 
-__all__ = ["RuleInfo", "accounting_of", "choices", "register", "rule_info", "setting_names"]
+__all__ = ["REVEALING_NAMES", "RuleInfo", "accounting_of", "check", "choices", "register", "reveals_k", "rule_info",
+           "setting_names"]
+
+# keys a certificate (its ``stopping`` record and ``details``) must not have: each would read as the drawn K
+REVEALING_NAMES = frozenset({"k", "num_trials_drawn", "trials_drawn", "trials_run"})
+
+
+def reveals_k(key: str) -> bool:
+    """Whether a certificate key would read as the drawn number of trials (case-insensitive: ``K`` too)."""
+    return key.casefold() in REVEALING_NAMES
 
 
 @dataclass(frozen=True)
@@ -40,7 +54,24 @@ class RuleInfo:
 _RULES: dict[str, RuleInfo] = {}
 
 
+def check(info: RuleInfo) -> None:
+    """What the config layer can check of a rule before it is registered; ValueError naming the rule otherwise."""
+    if not isinstance(info.name, str) or not info.name.isidentifier():
+        raise ValueError(f"stopping rule name {info.name!r} is not an identifier")
+    if info.name in _RULES:
+        raise ValueError(f"stopping rule {info.name!r} is registered twice")
+    if info.settings[:1] != ("mean",):
+        raise ValueError(f"stopping rule {info.name!r}: its first setting must be mean, not {info.settings[:1]}")
+    for s in info.settings:
+        if not isinstance(s, str) or not s.isidentifier() or s == "rule":
+            raise ValueError(f"stopping rule {info.name!r}: setting {s!r} cannot be a key of privacy.stopping")
+        if reveals_k(s):
+            raise ValueError(f"stopping rule {info.name!r}: setting {s!r} would read as the drawn number of trials, "
+                             "which a certificate must not carry (it records the rule's settings): rename it")
+
+
 def register(info: RuleInfo) -> None:
+    check(info)
     _RULES[info.name] = info
 
 

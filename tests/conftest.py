@@ -100,3 +100,28 @@ def kill_one_trial_once_checkpointed(proc: subprocess.Popen[str], tune_dir: Path
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return out
+
+
+# Markers from what a test uses (make test-fast = -m "not slow and not gpu and not ray and not train"): a CLI
+# subprocess environment (isolated HOME for Ray's token) means Ray; the real digits data means a DP-SGD run.
+_RAY_FIXTURES = frozenset({"isolated_env"})
+_TRAIN_FIXTURES = frozenset({"digits", "small"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _RAY_FIXTURES or "isolated_env_for(" in _source(item):
+            item.add_marker(pytest.mark.ray)
+        if names & _TRAIN_FIXTURES or any(s in _source(item) for s in ("run_trial(", "run_final(", "dptune.train")):
+            item.add_marker(pytest.mark.train)
+
+
+def _source(item: pytest.Item) -> str:
+    import inspect
+
+    fn = getattr(item, "function", None)
+    try:
+        return inspect.getsource(fn) if fn is not None else ""
+    except (OSError, TypeError):
+        return ""

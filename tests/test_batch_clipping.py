@@ -15,6 +15,7 @@ from dp_accounting import dp_event as de
 from dp_accounting.rdp import RdpAccountant
 from torch import nn
 
+from dptune import clipping
 from dptune.accounting import TrialPoint, plan_search
 from dptune.config import ConfigError, TrialConfig, load_space
 from dptune.dpsgd import ChargeMismatch, make_engine, run_trial, validate_model
@@ -74,7 +75,7 @@ def test_an_empty_batch_steps_on_noise_only() -> None:
 
 def test_batchnorm_trains_only_under_batch_clipping() -> None:
     assert validate_model(BN, 10, (1, 8, 8))[0] == "batch"
-    for mode in ("auto", "bookkeeping", "hooks", "functorch", "ghost"):
+    for mode in ("auto", *(m for m, info in clipping.MODES.items() if info.per_example and not info.layerwise)):
         with pytest.raises(ConfigError, match="BatchNorm.*fixed.clipping: batch"):
             validate_model(BN.replace(clipping=mode), 10, (1, 8, 8))
     # the BN model keeps no running statistics: nothing un-noised about the data is ever stored

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from dptune import clipping
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd import engine_mode, make_engine, validate_model
 from dptune.dpsgd._guard import guarded_clipping
@@ -30,7 +31,9 @@ from tests.conftest import ROOT, isolated_env_for, run_cli
 
 MODULE = "dptune_test_guard_models"
 SHAPE, CLASSES = (1, 8, 8), 10
-MODES = ["auto", "hooks", "functorch", "ghost", "bookkeeping"]
+# auto and every per-example mode that clips the whole gradient (asked of the registry: batch clipping and alc
+# have probes of their own, tests/test_batch_clipping.py, tests/test_alc.py)
+MODES = ["auto", *(m for m, info in clipping.MODES.items() if info.per_example and not info.layerwise)]
 USER_MODELS = '''
 import torch
 import torch.nn.functional as F

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,10 +98,44 @@ def test_space_key_reference_is_generated_from_the_code() -> None:
             assert f"| `{name}` |" in page or f"- `{name}`:" in page, f"{cls.__name__}.{name} is not in docs/spaces.md"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (pip install -e '.[dev]')")
+def make_docs(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """`make docs` in the checkout at root, as CI and a developer run it, with this interpreter's bin dir as the
+    venv's (its install step skipped) and the site built into site."""
+    stamp = root / ".venv" / ".dptune-installed"
+    return subprocess.run(["make", "--no-print-directory", "-C", str(root), "-o", str(stamp), "docs",
+                           f"STAMP={stamp}", f"BIN={Path(sys.executable).parent}", f"SITE={site}"],
+                          capture_output=True, text=True, timeout=300)
+
+
+_needs_mkdocs = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
+                                   reason="mkdocs is not installed (pip install -e '.[dev]')")
+
+
+@_needs_mkdocs
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"),
-                        "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = make_docs(ROOT, tmp_path / "site")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert (tmp_path / "site" / "spaces" / "index.html").is_file()
     assert (tmp_path / "site" / "repo" / "bench" / "results" / "audit" / "index.html").is_file()
+
+
+@_needs_mkdocs
+def test_the_docs_gate_fails_on_a_broken_link_at_any_depth(tmp_path: Path) -> None:
+    """The gate tried broken: a copy of the checkout where docs/results.md links a results page that links
+    another, which links a file that does not exist. `make docs` must fail naming it (a build with -q, or
+    hooks that took in only the files docs/ links to directly, passed)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "site", "tests", "*cache*"))
+    results = copy / "bench" / "results"
+    (results / "_depth1.md").write_text("# One\n\n[two](_depth2.md)\n")
+    (results / "_depth2.md").write_text("# Two\n\n[gone](_no_such_record.md)\n")
+    with (copy / "docs" / "results.md").open("a") as f:
+        f.write("\n[one](../bench/results/_depth1.md)\n")
+    r = make_docs(copy, tmp_path / "site")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "_no_such_record.md" in r.stdout + r.stderr
+    (results / "_depth2.md").write_text("# Two\n")  # and the same copy, mended, builds
+    r = make_docs(copy, tmp_path / "site")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "site" / "repo" / "bench" / "results" / "_depth2" / "index.html").is_file()

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dptune.dpsgd as dpsgd
+from dptune import clipping
 from dptune._params import sampling_rate, trial_steps
 from dptune.config import ConfigError, TrialConfig
 from dptune.data import Splits, augment_views
@@ -26,7 +27,8 @@ from dptune.dpsgd import (
     save_model,
 )
 
-MODES = ["hooks", "functorch", "ghost", "bookkeeping"]
+# the per-example modes that clip the whole gradient (asked of the registry: batch and alc have tests of their own)
+MODES = [m for m, info in clipping.MODES.items() if info.per_example and not info.layerwise]
 BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1.0, learning_rate=0.5,
                    score_noise=None, physical_batch_size=256)
 
@@ -47,8 +49,7 @@ def test_short_dp_training_beats_chance(digits: Splits) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_poisson_steps_and_rate(small: Splits, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
-    engine_cls = {"hooks": _engines.HooksEngine, "functorch": _engines.VmapEngine, "ghost": _engines.GhostEngine,
-                  "bookkeeping": _engines.BookKeepingEngine}[mode]
+    engine_cls = _engines.ENGINES[mode]
     original = engine_cls.backward
 
     def spy(self: Any, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int) -> torch.Tensor:

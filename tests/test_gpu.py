@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from dptune import clipping
 from dptune.config import load_space
 from dptune.dpsgd import run_trial
 from tests.conftest import digits_seed_with_k
@@ -24,10 +25,11 @@ DIGITS = ROOT / "search_spaces" / "digits.yaml"
 BATCH = ROOT / "search_spaces" / "digits_batch_clipping.yaml"
 
 
-@pytest.mark.parametrize("mode", ["bookkeeping", "hooks", "functorch", "ghost", "batch"])
+@pytest.mark.parametrize("mode", [m for m, info in clipping.MODES.items() if not info.layerwise])  # alc: public data
 def test_every_engine_trains_on_cuda_with_the_charged_noise(digits: Any, mode: str) -> None:
-    space = load_space(BATCH if mode == "batch" else DIGITS)
-    sigma = 0.05 if mode == "batch" else 0.5
+    per_example = clipping.mode(mode).per_example  # batch clipping: its own space (BatchNorm) and σ
+    space = load_space(DIGITS if per_example else BATCH)
+    sigma = 0.5 if per_example else 0.05
     cfg = space.default.replace(clipping=mode, noise_multiplier=sigma, seed=11, score_noise=None, epochs=4.0)
     r = run_trial(cfg, digits, device="cuda", evaluate_test=True)
     assert not r.diverged and r.steps == r.noise_additions > 0

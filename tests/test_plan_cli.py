@@ -160,32 +160,23 @@ def test_a_new_stopping_rule_with_its_own_setting_is_its_class_plus_one_line() -
 
     space_file = str(Path(__file__).resolve().parent.parent / "search_spaces" / "digits.yaml")
     code = f"""
-import dataclasses, math, yaml
-from typing import ClassVar
+import yaml
 import dptune
 from dptune.accounting import register_rule
-from dptune.accounting._rules import Poisson
 from dptune.errors import ConfigError
+from tests.toy_rules import Rounds  # the class (docs/adding-a-stopping-rule.md)
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Toy(Poisson):
-    '''K ~ Poisson(mean), with a setting of its own (a registry test).'''
-    name: ClassVar[str] = "toy"
-    weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.weight > 0:
-            raise ConfigError("privacy.weight", f"{{self.weight!r}} is not > 0", "choose weight > 0")
-
-register_rule(Toy)  # the one line
+register_rule(Rounds)  # the one line
 raw = yaml.safe_load(open({space_file!r}))
-raw["privacy"]["stopping"] = {{"rule": "toy", "weight": 2}}
+raw["privacy"]["stopping"] = {{"rule": "rounds", "rounds": 1}}
 space = dptune.load_space({space_file!r})
 plan, base = dptune.plan(raw), dptune.plan(space)
-assert plan.stopping == Toy(mean=space.privacy.mean, weight=2.0), plan.stopping
-assert math.isclose(plan.search_epsilon, base.search_epsilon, rel_tol=1e-12)
-for bad, field in (({{"rule": "toy", "weight": -1}}, "privacy.weight"), ({{"rule": "toy", "eta": 0}}, "privacy.stopping.eta")):
+assert plan.stopping == Rounds(mean=space.privacy.mean, rounds=1.0), plan.stopping
+# one round is the Poisson search (priced by RDP alone: the privacy-profile bound knows Poisson's event only)
+assert base.search_epsilon <= plan.search_epsilon < 1.2 * base.search_epsilon
+raw["privacy"]["stopping"] = {{"rule": "rounds", "rounds": 2}}
+assert dptune.plan(raw).search_epsilon > 1.5 * plan.search_epsilon  # the setting is charged
+for bad, field in (({{"rule": "rounds", "rounds": 0.5}}, "privacy.rounds"), ({{"rule": "rounds", "eta": 0}}, "privacy.stopping.eta")):
     raw["privacy"]["stopping"] = bad
     try:
         dptune.plan(raw)
@@ -195,7 +186,8 @@ for bad, field in (({{"rule": "toy", "weight": -1}}, "privacy.weight"), ({{"rule
         raise AssertionError(bad)
 print("ok")
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 

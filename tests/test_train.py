@@ -107,6 +107,9 @@ def test_final_training_end_to_end(release: tuple[Path, Path], tmp_path: Path) -
                  "--seed", "7"], env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "NOT PRIVATE" in r.stderr and "non-private held-out" in r.stdout
+    # no --target-epsilon: the target is the one the release carries (digits: privacy.target_epsilon 8), printed
+    assert yaml.safe_load((rel / "best_config.yaml").read_text())["privacy"]["target_epsilon"] == 8
+    assert "total epsilon target 8, from the release's privacy.target_epsilon" in r.stdout
 
     import torch
 
@@ -116,7 +119,7 @@ def test_final_training_end_to_end(release: tuple[Path, Path], tmp_path: Path) -
     released = yaml.safe_load((rel / "best_config.yaml").read_text())["config"]
     batch, steps = released["batch_size"], trial_steps(epochs=released["epochs"], batch_size=released["batch_size"], basis=N_TRAIN)
     metrics = json.loads((out / "metrics.json").read_text())
-    assert 0 <= metrics["test_accuracy"] <= 1 and metrics["steps"] == steps
+    assert 0 <= metrics["test_accuracy"] <= 1 and metrics["steps"] == steps and metrics["target_epsilon"] == 8
     # the shareable folder holds no secret and nothing that times or counts (issue items 14, 22): the seed,
     # the ledger row, the timing, the local path and the divergence flag are sealed with the search
     assert sorted(p.name for p in out.iterdir()) == ["certificate.json", "metrics.json", "model.pt"]
@@ -141,6 +144,7 @@ def test_final_training_end_to_end(release: tuple[Path, Path], tmp_path: Path) -
     assert cert.epsilon == A.certify([e for _, e in cert.events], cert.delta).epsilon
     assert search_eps == pytest.approx(search_cert.epsilon)
     assert max(search_eps, final_eps) <= cert.epsilon < search_eps + final_eps
+    assert 8 - 0.05 < cert.epsilon <= 8  # calibrated to the release's target, not the released σ
     poisson = _sgd_part(cert.events)
     assert poisson.sampling_probability == pytest.approx(batch / N_TRAIN)
     assert cert.events[1][1].events[0].count == steps
@@ -165,6 +169,7 @@ def test_target_epsilon_on_train_and_validation(release: tuple[Path, Path], tmp_
                           str(ledger_path), "--target-epsilon", str(target), "--train-on-validation",
                           "--epochs", "1", "--seed", "1")
     assert rc == 0, err
+    assert f"total epsilon target {target:g}, from --target-epsilon {target:g}, instead of the release's 8" in out
     cert = load_certificate(tmp_path / "o" / "certificate.json")
     assert target - 0.05 < cert.epsilon <= target
     batch = yaml.safe_load((rel / "best_config.yaml").read_text())["config"]["batch_size"]

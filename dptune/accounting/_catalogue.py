@@ -7,6 +7,8 @@ also tells the config layer (``dptune.stopping``) its name, settings and the acc
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -24,13 +26,64 @@ _RULES: dict[str, type[StoppingRule]] = {}
 STOPPING_RULES: Mapping[str, type[StoppingRule]] = MappingProxyType(_RULES)  # read-only view, in registration order
 
 
+# a trial event to probe a rule's search event with at registration (any event will do: a rule never looks inside)
+_PROBE_TRIAL = de.PoissonSampledDpEvent(0.01, de.GaussianDpEvent(1.0))
+
+
 def register_rule(cls: type[StoppingRule]) -> type[StoppingRule]:
     """Register a stopping rule: here (its events and draws) and with the config layer (its name, settings and
-    the accounting it implies: ``dptune.stopping``)."""
+    the accounting it implies: ``dptune.stopping``).
+
+    Everything that can be checked without a space is checked here, so a mistake fails at import and never after a
+    charge (ValueError naming the rule): a concrete ``StoppingRule`` subclass, a name registered once, ``mean``
+    first, no setting or ``describe()`` key a certificate must refuse (``stopping.reveals_k``); and one search event
+    per rule: each of its variants' search events reads back as exactly that variant (``from_search_event``) and is
+    claimed by no other rule, nor does it claim theirs (``rule_of_search_event`` must name one rule for every
+    stored charge).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, StoppingRule)) or inspect.isabstract(cls):
+        raise ValueError(f"{cls!r} is not a concrete StoppingRule subclass")
+    info = stopping.RuleInfo(name=cls.name, summary=cls.summary(), random_stopping=cls.random_stopping,
+                             settings=cls.setting_names(), build=cls.from_settings)
+    stopping.check(info)
+    clash = sorted(set(info.settings[1:]) & {f.name for f in dataclasses.fields(PrivacySpec)})
+    if clash:
+        raise ValueError(f"stopping rule {cls.name!r}: setting {clash[0]!r} is a privacy key of its own "
+                         "(privacy.<setting> would be ambiguous): rename it")
+    _check_events(cls)
+    stopping.register(info)
     _RULES[cls.name] = cls
-    stopping.register(stopping.RuleInfo(name=cls.name, summary=cls.summary(), random_stopping=cls.random_stopping,
-                                        settings=cls.setting_names(), build=cls.from_settings))
     return cls
+
+
+def _check_events(cls: type[StoppingRule]) -> None:
+    """A rule's variants: a certificate could carry their descriptions, and each search event is this rule's alone."""
+    mine = [v for mean in (1.0, 3.0) for v in cls.variants(mean)]
+    if not mine:
+        raise ValueError(f"stopping rule {cls.name!r}: variants() gives no rule to price")
+    theirs = [v for other in _RULES.values() for v in other.variants(3.0)]
+    for rule in mine:
+        if type(rule) is not cls:
+            raise ValueError(f"stopping rule {cls.name!r}: variants() gives a {type(rule).__name__}")
+        described = rule.describe()
+        revealing = sorted(k for k in described if stopping.reveals_k(k))
+        if revealing or described.get("rule") != cls.name:
+            raise ValueError(f"stopping rule {cls.name!r}: describe() of {rule.label()} is "
+                             f"{sorted(described)}: it needs rule = {cls.name!r} and no key that reads as the drawn "
+                             f"number of trials ({revealing})")
+        if cls.from_settings({n: getattr(rule, n) for n in cls.setting_names()}) != rule:
+            raise ValueError(f"stopping rule {cls.name!r}: {rule.label()} does not rebuild from its settings")
+        event = rule.search_event(_PROBE_TRIAL)
+        if cls.from_search_event(event) != (_PROBE_TRIAL, rule):
+            raise ValueError(f"stopping rule {cls.name!r}: from_search_event does not read back the search event "
+                             f"of {rule.label()} ({event})")
+        for other in _RULES.values():
+            if other.from_search_event(event) is not None:
+                raise ValueError(f"stopping rule {cls.name!r}: the search event of {rule.label()} reads as a "
+                                 f"{other.name!r} search too; give it an event of its own")
+    for rule in theirs:
+        if cls.from_search_event(rule.search_event(_PROBE_TRIAL)) is not None:
+            raise ValueError(f"stopping rule {cls.name!r}: it reads the search event of {rule.label()} as its own")
 
 
 register_rule(Poisson)

@@ -124,9 +124,14 @@ def _build(event: de.DpEvent, vdi: float, count: int = 1) -> PrivacyLossDistribu
         return _build(event.events[0], vdi, count)  # all components equal (has_pld)
     assert isinstance(event, de.ComposedDpEvent)
     out = pld.identity(value_discretization_interval=vdi)
-    for e in event.events:
-        out = out.compose(_build(e, vdi, count))
+    for e in event.events:  # a part shared by many compositions (a search event, a score release) is built once
+        out = out.compose(_part_cached(_key(e), vdi, count))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _part_cached(key: str, vdi: float, count: int) -> PrivacyLossDistribution:
+    return _build(event_from_json(json.loads(key)), vdi, count)
 
 
 def pld_of(event: de.DpEvent, *,

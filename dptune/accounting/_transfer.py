@@ -82,19 +82,34 @@ class TransferPlan:
     def trial_sigma_of(self, batch_size: int, epochs: float) -> float:
         return self._row(batch_size, epochs)[2]
 
+    # The four learning rates of a planned search, each with its own name (one value, four meanings on its way):
+    # searched_lr L (the space's learning_rate: the final run's lr at lr_reference_batch), final_lr (L scaled to
+    # the run's batch), lr_times_sigma (final_lr·σ_f: the update noise the release keeps) and trial_lr
+    # (lr_times_sigma/σ_c: what the cheap trial runs at).
+
+    @staticmethod
+    def searched_lr(config: TrialConfig) -> float:
+        """L: the learning rate the searcher drew for ``config`` (the final run's lr at ``lr_reference_batch``)."""
+        return config.learning_rate
+
     def final_lr(self, config: TrialConfig) -> float:
         """The final run's lr for searched config ``config``: L, or L·(B/``lr_reference_batch``)^``lr_batch_power``
         (power 1: the linear scaling rule) when the space gives one."""
-        return config.learning_rate * lr_batch_scale(config.batch_size, self.lr_reference_batch, self.lr_batch_power)
+        return self.searched_lr(config) * lr_batch_scale(config.batch_size, self.lr_reference_batch,
+                                                         self.lr_batch_power)
 
     def lr_times_sigma(self, config: TrialConfig) -> float:
         """lr·σ_f(B, E) of the final run of searched config ``config``: the update noise the release's rule keeps."""
         return self.final_lr(config) * self.final_sigma(config.batch_size, config.epochs)
 
+    def trial_lr(self, config: TrialConfig) -> float:
+        """The lr the trial for searched ``config`` runs at: lr·σ_f(B, E)/σ_c(B, E) (the same update noise)."""
+        return self.lr_times_sigma(config) / self.trial_sigma_of(config.batch_size, config.epochs)
+
     def trial_config(self, config: TrialConfig) -> TrialConfig:
-        """The trial that stands for searched ``config``: σ_c(B, E), and lr = its final lr·σ_f(B, E)/σ_c(B, E)."""
-        sigma_c = self.trial_sigma_of(config.batch_size, config.epochs)
-        return config.replace(noise_multiplier=sigma_c, learning_rate=self.lr_times_sigma(config) / sigma_c)
+        """The trial that stands for searched ``config``: σ_c(B, E), and its lr (``trial_lr``)."""
+        return config.replace(noise_multiplier=self.trial_sigma_of(config.batch_size, config.epochs),
+                              learning_rate=self.trial_lr(config))
 
     def final_config(self, config: TrialConfig) -> TrialConfig:
         """The final run the budget leaves for searched config ``config``: σ_f(B, E) and its lr (``final_lr``)."""

@@ -213,9 +213,9 @@ def _print_release(req: SearchRequest, out: Any) -> None:
     print(f"  privacy: epsilon = {out.epsilon:.4f}, delta = {out.delta:g}, {out.stopping}")
     print(f"  files:  {rel}/best_config.yaml, {rel}/certificate.json")
     target = req.space.privacy.target_epsilon
-    if target is not None and target > out.epsilon:
-        print(f"  next:   {python_m('dptune.train')} --release {rel} --out {out.run.root}/final --target-epsilon "
-              f"{target:g} --train-on-validation   (final training calibrated so search + training <= epsilon {target:g})")
+    if target is not None and target > out.epsilon:  # the release carries it: dptune train's default
+        print(f"  next:   {python_m('dptune.train')} --release {rel} --out {out.run.root}/final --train-on-validation"
+              f"   (calibrated to the release's target: search + training <= epsilon {target:g})")
     else:
         print(f"  next:   {python_m('dptune.train')} --release {rel} --out {out.run.root}/final --target-epsilon E "
               "(E = your total budget for search + final training)")

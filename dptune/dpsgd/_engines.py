@@ -79,11 +79,18 @@ E = TypeVar("E", bound="type[Engine]")
 
 
 def engine(mode: str) -> Callable[[E], E]:
-    """Register an engine class for clipping mode ``mode`` (a mode of ``dptune.clipping``'s registry)."""
+    """Register an engine class for clipping mode ``mode`` (a mode of ``dptune.clipping``'s registry). Checked at
+    import: the mode is registered there and has no engine yet; the class is an ``Engine`` with its own ``backward``
+    (the base's only raises) and an Opacus ``DPOptimizer`` as ``optimizer_class`` (it adds the noise)."""
     def register(cls: E) -> E:
         clipping.mode(mode)  # a mode the config layer knows, with its sensitivity and capabilities
-        if mode in ENGINES:
-            raise ValueError(f"clipping mode {mode!r} has two engines")
+        if mode in ENGINES or mode == clipping.AUTO:
+            raise ValueError(f"clipping mode {mode!r} has two engines (auto is resolved to another mode's)")
+        if not (isinstance(cls, type) and issubclass(cls, Engine)):
+            raise TypeError(f"the engine of clipping mode {mode!r} must subclass dptune.dpsgd.Engine, not {cls!r}")
+        if cls.backward is Engine.backward or not issubclass(cls.optimizer_class, DPOptimizer):
+            raise TypeError(f"the engine of clipping mode {mode!r} ({cls.__name__}) does not implement "
+                            "Engine.backward, or its optimizer_class is not an Opacus DPOptimizer")
         cls.mode = mode  # type: ignore[misc]
         ENGINES[mode] = cls
         return cls
