@@ -183,22 +183,9 @@ def _local_dataset(release: Release, cur: _Curator) -> DatasetSpec:
     return dataclasses.replace(release.dataset, path=path)
 
 
-def final_target(req: TrainRequest, release: Release) -> tuple[float | None, str]:
-    """The total ε that final training calibrates to, and where it comes from: the request's, else the one the
-    release carries (the space's ``privacy.target_epsilon``, bound with best_config.yaml), else none (the released
-    σ is kept)."""
-    if req.target_epsilon is not None:
-        said = release.target_epsilon
-        over = f", instead of the release's {said:g}" if said is not None and said != req.target_epsilon else ""
-        return req.target_epsilon, f"--target-epsilon {req.target_epsilon:g}{over}"
-    if release.target_epsilon is not None:
-        return release.target_epsilon, "the release's privacy.target_epsilon"
-    return None, "none (the release names no target): the released noise multiplier"
-
-
 def _calibrated(req: TrainRequest, release: Release, n: int, seed: int) -> tuple[TrialConfig, Any, dict]:
     cert = release.certificate
-    target, source = final_target(req, release)
+    target, source = release.final_target(req.target_epsilon)
     print(f"dptune train: total epsilon target {'-' if target is None else f'{target:g}'}, from {source}")
     config = release.config.replace(seed=seed)
     if req.epochs is not None:
@@ -230,8 +217,7 @@ def _train(req: TrainRequest, release: Release, data: Any, cur: _Curator, out: P
     seed = req.seed if req.seed is not None else secrets.randbits(128)
     config, event, summary = _calibrated(req, release, n, seed)
     composed = cert.compose_with("final_training", event, details={"final_training": summary})
-    target = summary["target_epsilon"]
-    if target is not None and composed.epsilon > target * (1 + 1e-9):
+    if (target := summary["target_epsilon"]) is not None and composed.epsilon > target * (1 + 1e-9):
         raise AssertionError(f"calibration missed: {composed.epsilon} > {target}")  # pragma: no cover
     if req.seed is not None:
         print("WARNING: --seed fixes the final training's DP noise: NOT PRIVATE (tests/reproducibility only).",

@@ -257,6 +257,17 @@ class Release:
     lr_times_sigma: float | None = None  # the scaled searcher's rule: final lr = lr_times_sigma / σ
     target_epsilon: float | None = None  # the space's privacy.target_epsilon: final training's default target
 
+    def final_target(self, explicit: float | None) -> tuple[float | None, str]:
+        """The total ε final training calibrates to, and where it comes from: ``explicit`` (``--target-epsilon``),
+        else the target this release carries (bound with best_config.yaml), else none (the released σ is kept)."""
+        if explicit is not None:
+            said = self.target_epsilon
+            over = f", instead of the release's {said:g}" if said is not None and said != explicit else ""
+            return explicit, f"--target-epsilon {explicit:g}{over}"
+        if self.target_epsilon is not None:
+            return self.target_epsilon, "the release's privacy.target_epsilon"
+        return None, "none (the release names no target): the released noise multiplier"
+
 
 def load_release(path: str | Path) -> Release:
     """Validate ``best_config.yaml`` and the certificate of a release directory (ConfigError otherwise).

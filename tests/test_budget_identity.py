@@ -62,7 +62,7 @@ def _idx_folder(folder: Path, prefix: str, images: np.ndarray, labels: np.ndarra
     _write_idx(folder / f"{prefix}-images-idx3-ubyte", images, gz=False)
     _write_idx(folder / f"{prefix}-labels-idx1-ubyte", labels, gz=False)
     return {"name": "mnist", "path": str(folder), "split": "train" if prefix == "train" else "test",
-            "validation_size": 50, "test_size": 50}
+            "validation_size": 50, "test_size": 50, "pool_size": len(labels)}  # a subset, declared as one
 
 
 def _png_folder(root: Path, images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:

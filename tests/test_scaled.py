@@ -286,7 +286,9 @@ def test_scaled_search_and_final_training_end_to_end(selection: str, tmp_path: P
                  str(tmp_path / "runs"), "--ledger", str(ledger), "--budget-epsilon", "30", "--num-cpus", "2",
                  "--epochs", "3", "--dashboard-port", str(free_port())], env)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "--target-epsilon 8 --train-on-validation" in r.stdout and "learning_rate = " in r.stdout
+    # the printed final command carries no target to type back: the release holds the space's (issue 41 item 4)
+    assert "--train-on-validation" in r.stdout and "search + training <= epsilon 8" in r.stdout
+    assert "learning_rate = " in r.stdout
     space = _space_at(3.0, space_file)
     plan = A.plan_search(space, N_TRAIN)
     scaled = A.plan_transfer(space, plan, final_n=N_TRAIN + N_VAL)

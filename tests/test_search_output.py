@@ -3,6 +3,7 @@ line per failure, the public names and reprs a notebook sees."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -255,8 +256,9 @@ def test_a_fresh_clone_sets_up_its_venv_in_one_line() -> None:
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed here")
-    r = subprocess.run(["make", "-n", "search", "VENV=/nonexistent/venv"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # not a sub-make
+    r = subprocess.run(["make", "--no-print-directory", "-n", "search", "VENV=/nonexistent/venv"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     recipe = r.stdout.replace("\\\n", " ").splitlines()  # a recipe line continued with a backslash, joined
     first = recipe[0]

@@ -6,15 +6,25 @@ of what a dataset is lives in :mod:`dptune.ledger._budgets`."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dptune.errors import ConfigError, python_m
 from dptune.ledger import Ledger, adopt_identity, budget_match, open_budget
 
-if TYPE_CHECKING:
-    from dptune.tuning.driver import SearchRequest
-
 __all__ = ["budget_keys"]
+
+
+class SearchRequest(Protocol):
+    """What choosing a search's budgets reads of ``tuning.driver.SearchRequest`` (a protocol: no import cycle)."""
+
+    @property
+    def space(self) -> Any: ...
+
+    @property
+    def budget_epsilon(self) -> float | None: ...
+
+    @property
+    def budget_delta(self) -> float | None: ...
 
 
 def budget_keys(req: SearchRequest, ledger: Ledger, data: Any, fingerprint: str,
