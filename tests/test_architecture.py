@@ -24,9 +24,8 @@ _ABOVE_ACCOUNTING = (*_RECORDS, *_TRAINER, "dptune.tuning", "dptune.plots", *CLI
 # module (path prefix, relative to dptune/) -> forbidden import prefixes
 RULES: dict[str, tuple[str, ...]] = {
     "errors.py": ("dptune.", *_LIBS),
-    "_params.py": ("dptune.config", "dptune.accounting", *_RECORDS, *_TRAINER, *_LIBS),
-    "config.py": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune.tuning", *_LIBS),
-    "searchers/": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune.tuning", *_LIBS),  # config layer: no Ray
+    "config/params.py": ("dptune.config", "dptune.accounting", *_RECORDS, *_TRAINER, *_LIBS),  # only errors
+    "config/": ("dptune.accounting", *_RECORDS, *_TRAINER, "dptune.tuning", *_LIBS),  # searchers too: no Ray
     "accounting/": (*_ABOVE_ACCOUNTING, *_LIBS),
     "ledger/": (*_TRAINER, "dptune.tuning", "dptune.release", *_LIBS),
     "certificate.py": (*_TRAINER, "dptune.tuning", "dptune.release", "dptune.trials", *_LIBS),
@@ -123,8 +122,9 @@ def test_layer_rules(path: Path) -> None:
     ("tuning/driver.py", "from dptune.api import search\n", "the API dptune.api"),
     ("tuning/driver.py", "import dptune.search\n", "the CLI dptune.search"),
     ("accounting/_x.py", "from dptune import plots\n", "imports dptune.plots"),
-    ("config.py", "from dptune.accounting import plan_search\n", "imports dptune.accounting"),
-    ("searchers/_x.py", "def f():\n    from ray.tune.search.optuna import OptunaSearch\n", "imports ray"),
+    ("config/load.py", "from dptune.accounting import plan_search\n", "imports dptune.accounting"),
+    ("config/searchers/_x.py", "def f():\n    from ray.tune.search.optuna import OptunaSearch\n", "imports ray"),
+    ("config/params.py", "from dptune.config.schema import TrialConfig\n", "imports dptune.config.schema"),
     ("release.py", "from dptune.tuning import runner\n", "imports dptune.tuning"),
     ("trials.py", "import ray\n", "only"),
     ("models/_x.py", "import opacus\n", "imports opacus"),

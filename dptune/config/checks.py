@@ -10,10 +10,10 @@ from typing import Any
 
 import optuna.distributions as od
 
-from dptune import searchers as _searchers
-from dptune import stopping
-from dptune._schema import PrivacySpec, SearchSpace
-from dptune.clipping import mode as clipping_mode
+from dptune.config import searchers as _searchers
+from dptune.config import stopping
+from dptune.config.clipping import mode as clipping_mode
+from dptune.config.schema import PrivacySpec, SearchSpace
 from dptune.errors import ConfigError, check_delta, check_positive, check_unit_interval
 
 __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "SELECTIONS",
@@ -22,7 +22,7 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
 
 SELECTIONS = ("best_score", "noisy_max")
 ACCOUNTING_MODES = ("random_stopping", "composed")
-SEARCHERS = _searchers.SEARCHERS  # the live registry (dptune.searchers): a searcher registered later is a valid name
+SEARCHERS = _searchers.SEARCHERS  # the live registry (dptune.config.searchers): a searcher registered later is a valid name
 SCHEDULERS = ("fifo", "asha")  # asha: planned, refused until it is charged per rung (check_space)
 # Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
 # the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
@@ -38,9 +38,9 @@ def check_space(s: SearchSpace) -> None:
     the API and the search driver call it again after their overrides)."""
     import dataclasses
 
-    from dptune import _specs
-    from dptune._distributions import in_support, support_extremes
-    from dptune._schema import DatasetSpec, TrialConfig
+    from dptune.config import specs
+    from dptune.config.distributions import in_support, support_extremes
+    from dptune.config.schema import DatasetSpec, TrialConfig
 
     for name, value, cls in (("dataset", s.dataset, DatasetSpec), ("fixed", s.fixed, TrialConfig),
                              ("default", s.default, TrialConfig), ("privacy", s.privacy, PrivacySpec)):
@@ -80,18 +80,18 @@ def check_space(s: SearchSpace) -> None:
                           "the default, which must be a config of the space)", f"set default.{differ[0]} as fixed")
     check_unit_interval("search.tune_fraction", s.tune_fraction, "choose e.g. 0.25, or 1 for off", include_one=True)
     check_privacy(s.privacy, public_validation=s.dataset.public_validation)
-    _specs.check_augmentation(s.dataset.name, s.fixed.augmult, "augmult" in s.space)
+    specs.check_augmentation(s.dataset.name, s.fixed.augmult, "augmult" in s.space)
     _check_alc(s)
     check_adaptive(s)
 
 
 def check_dataset(dataset: Any) -> None:
     """A dataset's cross-field rules (its own fields are checked when it is built)."""
-    from dptune import _specs
+    from dptune.config import specs
 
-    if dataset.name not in _specs.DATASETS:
+    if dataset.name not in specs.DATASETS:
         raise ConfigError("dataset.name", f"unknown dataset {dataset.name!r}",
-                          f"use one of: {', '.join(_specs.DATASETS)}")
+                          f"use one of: {', '.join(specs.DATASETS)}")
     if dataset.name != "digits" and not dataset.path:
         raise ConfigError("dataset.path", f"dataset {dataset.name!r} needs a path",
                           "set dataset.path to its folder (a table: its .parquet or .csv file)")
@@ -102,7 +102,7 @@ def check_dataset(dataset: Any) -> None:
 
 def check_accounting(field: str, given: str | None, rule: str) -> None:
     """An accounting mode named beside the stopping rule (an older file's ``search.accounting``, the search's
-    ``--accounting``) must be the one the rule implies: the rule decides it (``dptune.stopping``)."""
+    ``--accounting``) must be the one the rule implies: the rule decides it (``dptune.config.stopping``)."""
     if given is None:
         return
     if given not in ACCOUNTING_MODES:
@@ -117,7 +117,7 @@ def check_accounting(field: str, given: str | None, rule: str) -> None:
 
 
 def check_privacy(p: PrivacySpec, public_validation: bool = False) -> None:
-    # privacy.stopping names a registered rule, which checks its own settings (dptune.stopping)
+    # privacy.stopping names a registered rule, which checks its own settings (dptune.config.stopping)
     check_delta("privacy.delta", p.delta)
     stopping.rule_info(p.stopping).build({"mean": p.mean, **dict(p.stopping_settings)})
     if not public_validation and p.score_noise is None:

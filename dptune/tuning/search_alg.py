@@ -1,4 +1,4 @@
-"""The Tune search algorithm of a space's searcher (``dptune.searchers``, the registry): random search and
+"""The Tune search algorithm of a space's searcher (``dptune.config.searchers``, the registry): random search and
 the scaled searcher need none (their configs are the sealed draw's, run as a grid over trial indices); a
 searcher that chooses while running gives an Optuna sampler, wrapped here for Ray Tune."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dptune.config import SearchSpace
-from dptune.searchers import searcher
+from dptune.config.searchers import searcher
 
 if TYPE_CHECKING:
     from dptune.tuning.draw import Draw

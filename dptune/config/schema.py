@@ -1,7 +1,7 @@
 """The records of user input: one trial's config (:class:`TrialConfig`), the data (:class:`DatasetSpec`), the
 privacy settings (:class:`PrivacySpec`) and a parsed search space (:class:`SearchSpace`), each checking its own
 fields. Parsing a file into them and the cross-field rules live above (``dptune.config``,
-``dptune._space_checks``), so this module imports neither: no cycle, not even for types.
+``dptune.config.checks``), so this module imports neither: no cycle, not even for types.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any
 
 import optuna.distributions as od
 
-from dptune import _specs, clipping, stopping
-from dptune._specs import PlannerSpec
+from dptune.config import clipping, specs, stopping
+from dptune.config.specs import PlannerSpec
 from dptune.errors import ConfigError, check_positive
 
 __all__ = ["CLIPPING_MODES", "LATER_FIELDS", "MODELS", "OPTIMIZERS", "DatasetSpec", "PrivacySpec", "SearchSpace",
            "TrialConfig", "coerce_value", "later_defaults"]
 
-MODELS = _specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
+MODELS = specs.BUILTIN_MODELS  # and "torchvision:<name>", "factory:<package.module>:<function>"
 OPTIMIZERS = ("sgd", "nadam", "adam")
-CLIPPING_MODES = clipping.choices()  # the registry's (dptune.clipping), with auto
+CLIPPING_MODES = clipping.choices()  # the registry's (dptune.config.clipping), with auto
 # --------------------------------------------------------------------------------------------------
 # one trial
 
@@ -92,9 +92,9 @@ class TrialConfig:
     # enumerated to strip the Gaussian noise off a released score.
     seed: int = 0
     fix_batchnorm: bool = False
-    # keyword arguments of the model's constructor or factory (YAML data only; see dptune._specs)
+    # keyword arguments of the model's constructor or factory (YAML data only; see dptune.config.specs)
     model_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    layer_clip: dict[str, float] | None = None  # clipping alc: layer -> C_l, from public data (see _specs.AlcSpec)
+    layer_clip: dict[str, float] | None = None  # clipping alc: layer -> C_l, from public data (see specs.AlcSpec)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_kwargs", copy.deepcopy(self.model_kwargs))  # a frozen config owns it
@@ -163,12 +163,12 @@ def coerce_value(name: str, value: Any, type_: Any) -> Any:
 
 
 def _check_trial(c: TrialConfig) -> None:
-    _specs.check_model(c.model)
-    _specs.check_model_kwargs(c.model_kwargs)
+    specs.check_model(c.model)
+    specs.check_model_kwargs(c.model_kwargs)
     if c.optimizer not in OPTIMIZERS:
         raise ConfigError("optimizer", f"unknown optimizer {c.optimizer!r}", f"use one of: {', '.join(OPTIMIZERS)}")
     clipping.mode(c.clipping)  # a registered mode, or ConfigError naming clipping and listing them
-    _specs.check_layer_clip(c.layer_clip, c.clipping)
+    specs.check_layer_clip(c.layer_clip, c.clipping)
     if not isinstance(c.groups, int) or c.groups < 1:
         raise ConfigError("groups", f"{c.groups!r} must be a positive integer", "choose e.g. 4, 8, 16 or 32")
     check_positive("noise_multiplier", c.noise_multiplier, "choose sigma > 0, e.g. 1.0")
@@ -229,7 +229,7 @@ class DatasetSpec:
     test_size: int = 360
     public_validation: bool = False
     split_seed: int = 0
-    split: str = "official"  # torchvision datasets: official | train | test (see dptune._specs)
+    split: str = "official"  # torchvision datasets: official | train | test (see dptune.config.specs)
     download: bool = False  # torchvision datasets: download into `path` if absent (never in tests)
     label: str | None = None  # table: the label column
     features: dict[str, list[float]] | None = None  # table: column -> [low, high], public bounds
@@ -239,10 +239,10 @@ class DatasetSpec:
     pool_size: int | None = None  # torchvision datasets: the images of a folder holding a subset of the split read
 
     def __post_init__(self) -> None:  # checked, and the features copied (a frozen spec owns them)
-        object.__setattr__(self, "features", _specs.check_dataset_fields(
+        object.__setattr__(self, "features", specs.check_dataset_fields(
             self.name, self.split, self.download, self.label, self.features, self.classes))
-        _specs.check_id_column(self.name, self.id_column, self.label, self.features)
-        _specs.check_pool_size(self.name, self.split, self.pool_size, self.validation_size, self.test_size)
+        specs.check_id_column(self.name, self.id_column, self.label, self.features)
+        specs.check_pool_size(self.name, self.split, self.pool_size, self.validation_size, self.test_size)
 
 
 # Fields added after releases were first written. A release, checkpoint or sealed run spec from before one
@@ -266,7 +266,7 @@ class PrivacySpec:
         delta: The δ of every (ε, δ) the search reports; it must be below 1/n_train.
         stopping: The stopping rule that draws the number of trials K (poisson, tnb), or ``composed`` for a
             fixed number of trials, each charged: a name, its settings beside it (``mean``, tnb's ``eta``), or
-            a mapping ``{rule: tnb, mean: 3, eta: 0}``. The rule decides the accounting (``dptune.stopping``).
+            a mapping ``{rule: tnb, mean: 3, eta: 0}``. The rule decides the accounting (``dptune.config.stopping``).
         mean: The mean number of trials (poisson, tnb), or the number of trials (composed).
         stopping_settings: The rule's own settings besides ``mean`` (tnb: ``eta``, the shape η of the truncated
             negative binomial: 0 logarithmic, 1 geometric), as (name, value) pairs; checked by the rule itself.
@@ -343,11 +343,11 @@ class SearchSpace:
     lr_batch_power: float = 1.0  # lr = L·(B/lr_reference_batch)^lr_batch_power
     source: str | None = None
     planner: PlannerSpec = PlannerSpec()
-    alc: _specs.AlcSpec | None = None  # adaptive layerwise clipping: its public data (fixed.clipping: alc)
+    alc: specs.AlcSpec | None = None  # adaptive layerwise clipping: its public data (fixed.clipping: alc)
 
     @property
     def accounting(self) -> str:
-        """How the search is charged, which its stopping rule decides (``dptune.stopping``): ``random_stopping``
+        """How the search is charged, which its stopping rule decides (``dptune.config.stopping``): ``random_stopping``
         (Papernot-Steinke, K secret) or ``composed`` (a fixed number of trials, each charged; what adaptive
         searchers need). A space file's ``search.accounting``, if given, must agree."""
         return stopping.accounting_of(self.privacy.stopping)

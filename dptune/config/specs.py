@@ -387,7 +387,7 @@ def parse_alc(raw: Any, parse_dataset: Any) -> AlcSpec | None:
 def check_layer_clip(layer_clip: Any, clipping: str) -> None:
     if layer_clip is None:
         return
-    from dptune.clipping import mode
+    from dptune.config.clipping import mode
 
     if not mode(clipping).layerwise:
         raise ConfigError("layer_clip", "per-layer clip norms apply to clipping: alc only", "remove layer_clip")

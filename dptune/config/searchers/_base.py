@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:  # the config layer hands its spaces in; types only
-    from dptune._schema import SearchSpace
+    from dptune.config.schema import SearchSpace
 
 __all__ = ["Searcher"]
 
@@ -16,7 +16,7 @@ __all__ = ["Searcher"]
 class Searcher(abc.ABC):
     """One way of choosing trials (the shape of Optuna's ``BaseSampler``, with the privacy facts the validators
     ask). A subclass sets its class attributes and overrides the hooks it needs, and is registered once
-    (``dptune.searchers.register``); every list of searcher names (schema check, CLI ``choices``) comes from the
+    (``dptune.config.searchers.register``); every list of searcher names (schema check, CLI ``choices``) comes from the
     registry.
 
     Every searcher's trials run the noise-scaled transfer when the space plans its final run

@@ -1,9 +1,6 @@
-"""User input: search-space files and trial configs, validated in one place.
-
-Every problem is a :class:`ConfigError` that names the field and says how to fix it; the CLIs turn it
-into exit status 2 before anything is charged or run. The records themselves (:class:`TrialConfig`,
-:class:`DatasetSpec`, :class:`PrivacySpec`, :class:`SearchSpace`) live in ``dptune._schema``; this module
-parses a file or a dict into them and runs the cross-field rules (``dptune._space_checks``).
+"""Loading a space: a YAML file or a dict parsed into the records (:mod:`dptune.config.schema`), then the
+cross-field rules (:mod:`dptune.config.checks`). Every problem is a :class:`ConfigError` that names the field and
+says how to fix it; the CLIs turn it into exit status 2 before anything is charged or run.
 """
 
 from __future__ import annotations
@@ -17,42 +14,29 @@ from typing import Any
 import optuna.distributions as od
 import yaml
 
-from dptune import _specs, stopping
-from dptune._distributions import in_support, parse_distribution, support_extremes, support_values
-from dptune._schema import (
-    CLIPPING_MODES,
-    LATER_FIELDS,
-    MODELS,
-    OPTIMIZERS,
-    DatasetSpec,
-    PrivacySpec,
-    SearchSpace,
-    TrialConfig,
-    coerce_value,
-    later_defaults,
-)
-from dptune._space_checks import (
-    ACCOUNTING_MODES,
+from dptune.config import specs, stopping
+from dptune.config.checks import (
     INTERNAL_FIELDS,
     SCHEDULERS,
     SEARCHABLE,
     SEARCHERS,
     check_accounting,
-    check_adaptive,
     check_dataset,
     check_privacy,
     check_space,
-    check_trial_score_noise,
 )
-from dptune._specs import PlannerSpec
+from dptune.config.distributions import in_support, parse_distribution
+from dptune.config.schema import (
+    DatasetSpec,
+    PrivacySpec,
+    SearchSpace,
+    TrialConfig,
+    coerce_value,
+)
+from dptune.config.specs import PlannerSpec
 from dptune.errors import ConfigError, check_unit_interval
 
-__all__ = ["ACCOUNTING_MODES", "CLIPPING_MODES", "INTERNAL_FIELDS", "LATER_FIELDS", "MODELS", "OPTIMIZERS",
-           "SCHEDULERS", "SEARCHABLE", "SEARCHERS", "ConfigError", "DatasetSpec", "PlannerSpec", "PrivacySpec",
-           "SearchSpace", "TrialConfig", "check_accounting", "check_adaptive", "check_privacy", "check_space", "check_trial_score_noise",
-           "coerce_value", "later_defaults", "load_space", "nominal_train_size", "official_pool", "parse_space",
-           "support_extremes",
-           "support_values"]
+__all__ = ["load_space", "nominal_train_size", "official_pool", "parse_space"]
 
 
 _TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search", "planner", "alc")
@@ -92,14 +76,14 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     privacy = _parse_privacy(raw)
     check_privacy(privacy, public_validation=dataset.public_validation)
     fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.trial_score_noise)
-    _specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
+    specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
     planner_raw = _section(raw, "planner", tuple(f.name for f in dataclasses.fields(PlannerSpec)))
     planner = PlannerSpec(**{k: coerce_value(f"planner.{k}", v, PlannerSpec.__dataclass_fields__[k].type)
                              for k, v in planner_raw.items()})
-    planner = _specs.with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
+    planner = specs.with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, planner=planner, **_parse_search(raw, privacy),
-                            alc=_specs.parse_alc(raw.get("alc"), _parse_dataset))
+                            alc=specs.parse_alc(raw.get("alc"), _parse_dataset))
     check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)
     return space_obj
 
@@ -143,7 +127,7 @@ def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
                   ) -> tuple[TrialConfig, dict[str, od.BaseDistribution]]:
     """The fixed settings with the searched keys at their default values (released when K = 0), and the
     searched distributions."""
-    model_raw = _section(raw, "model", _specs.MODEL_KEYS)
+    model_raw = _section(raw, "model", specs.MODEL_KEYS)
     for key in INTERNAL_FIELDS:
         for section in ("fixed", "default"):
             if isinstance(raw.get(section), Mapping) and key in raw[section]:
@@ -153,7 +137,7 @@ def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
     if "score_noise" in fixed_raw:
         raise ConfigError("fixed.score_noise", "score noise is a privacy setting", "set privacy.score_noise")
     base: dict[str, Any] = dict(fixed_raw)
-    from_model = _specs.model_from_section(model_raw)
+    from_model = specs.model_from_section(model_raw)
     both = sorted(set(from_model) & set(fixed_raw))
     if both:
         raise ConfigError(f"fixed.{both[0]}", "is set in the model section too", "set it in one place")
@@ -207,10 +191,10 @@ def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any
 def official_pool(spec: DatasetSpec) -> tuple[str, int] | None:
     """The official split a torchvision dataset's pool is read from and its size (``official``: the train split),
     e.g. ``("test", 10000)`` for MNIST's test split; None for the other datasets."""
-    sizes = _specs.VISION_SIZES.get(spec.name)
+    sizes = specs.VISION_SIZES.get(spec.name)
     if sizes is None:
         return None
-    split = _specs.pool_split(spec.split)
+    split = specs.pool_split(spec.split)
     return split, sizes[1] if split == "test" else sizes[0]
 
 
@@ -218,4 +202,4 @@ def nominal_train_size(spec: DatasetSpec) -> int | None:
     """Training-split size known without reading the data (digits: 1797 images; the torchvision datasets'
     official splits, e.g. MNIST's test split: 10,000, or a declared ``pool_size``, less the held-out splits); None
     for folders and tables."""
-    return _specs.nominal_train_size(spec.name, spec.split, spec.validation_size, spec.test_size, spec.pool_size)
+    return specs.nominal_train_size(spec.name, spec.split, spec.validation_size, spec.test_size, spec.pool_size)

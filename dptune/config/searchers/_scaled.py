@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import optuna.distributions as od
 
+from dptune.config.searchers._base import Searcher
 from dptune.errors import ConfigError
-from dptune.searchers._base import Searcher
 
 if TYPE_CHECKING:
-    from dptune._schema import SearchSpace
+    from dptune.config.schema import SearchSpace
 
 __all__ = ["ScaledSearcher"]
 

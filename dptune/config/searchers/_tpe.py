@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from dptune.searchers._base import Searcher
+from dptune.config.searchers._base import Searcher
 
 if TYPE_CHECKING:
-    from dptune._schema import SearchSpace
+    from dptune.config.schema import SearchSpace
 
 __all__ = ["TPESearcher", "seed_words", "tpe_startup_trials"]
 

@@ -7,11 +7,11 @@ all ask the registry.
 
 from __future__ import annotations
 
+from dptune.config.searchers._base import Searcher
+from dptune.config.searchers._random import RandomSearcher
+from dptune.config.searchers._scaled import ScaledSearcher
+from dptune.config.searchers._tpe import TPESearcher, seed_words, tpe_startup_trials
 from dptune.errors import ConfigError
-from dptune.searchers._base import Searcher
-from dptune.searchers._random import RandomSearcher
-from dptune.searchers._scaled import ScaledSearcher
-from dptune.searchers._tpe import TPESearcher, seed_words, tpe_startup_trials
 
 __all__ = ["SEARCHERS", "Searcher", "register", "searcher", "seed_words", "tpe_startup_trials"]
 

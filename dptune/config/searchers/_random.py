@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from dptune._distributions import sample_params
-from dptune.searchers._base import Searcher
+from dptune.config.distributions import sample_params
+from dptune.config.searchers._base import Searcher
 
 if TYPE_CHECKING:
-    from dptune._schema import SearchSpace
+    from dptune.config.schema import SearchSpace
 
 __all__ = ["RandomSearcher"]
 
