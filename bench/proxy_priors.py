@@ -62,7 +62,7 @@ from harness.proxy import DIGITS, carried, final_run, merged, proxy_data, whole_
 
 from dptune.accounting import calibrate_noise_multiplier, rehearsal_key, sampling_rate, trial_steps
 from dptune.config import SearchSpace, load_space, nominal_train_size
-from dptune.searchers import searcher
+from dptune.config.searchers import searcher
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N_FINAL = 1797 - 360  # digits train ∪ validation

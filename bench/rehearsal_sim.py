@@ -52,7 +52,7 @@ from harness.proxy import carried, final_run, merged, proxy_data, whole_budget
 
 from dptune.accounting import lr_batch_scale, plan_search, plan_transfer, rehearsal_key
 from dptune.config import SearchSpace, load_space, nominal_train_size
-from dptune.searchers import searcher
+from dptune.config.searchers import searcher
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRIAL_SEED = 11  # a grid trial's seed: 11·seed + 1; final runs 7·seed + 1 (harness.proxy.final_run; public)

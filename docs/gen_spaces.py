@@ -3,7 +3,7 @@
 Which keys a section takes is asked of the parser itself (``dptune.config.parse_space`` names the keys it
 accepts when given an unknown one); each key's type and default are its dataclass field's, and its
 description is the ``Attributes:`` entry of that dataclass's docstring (``TrialConfig``, ``DatasetSpec``,
-``PrivacySpec``, ``SearchSpace`` in ``dptune/config.py``; ``PlannerSpec``, ``AlcSpec`` in ``dptune/_specs.py``).
+``PrivacySpec``, ``SearchSpace`` in ``dptune/config/schema.py``; ``PlannerSpec``, ``AlcSpec`` in ``dptune/config/specs.py``).
 A key without a description, or a description of no field, is an error.
 
     python docs/gen_spaces.py           # rewrite the generated part of docs/spaces.md
@@ -180,8 +180,8 @@ def field_rows(section: str, cls: type, keys: list[str], docs: dict[str, str],
 
 def generate() -> str:
     from dptune import accounting
-    from dptune._specs import AlcSpec
     from dptune.config import DatasetSpec, PlannerSpec, PrivacySpec, SearchSpace, TrialConfig
+    from dptune.config.specs import AlcSpec
 
     docs = {cls: attributes(cls) for cls in (TrialConfig, DatasetSpec, PrivacySpec, SearchSpace, PlannerSpec, AlcSpec)}
     for cls, described in docs.items():  # a description of no field is stale
@@ -269,7 +269,7 @@ def generate() -> str:
     out += table([[f"`{kind}`", ", ".join(f"`{k}`" for k in distribution_keys(kind))]
                   for kind in ("float", "int", "categorical")], ["`type`", "keys"])
 
-    from dptune import stopping
+    from dptune.config import stopping
 
     settings = stopping.setting_names()
     flat = {k: [f"`{k}`", "number", "", f"A stopping-rule setting beside the rule's name (an older file's spelling "
@@ -278,7 +278,7 @@ def generate() -> str:
     out += ["", "### privacy", "", "`privacy:` (`PrivacySpec`).", ""]
     out += table(field_rows("privacy", PrivacySpec, accepted("privacy"), docs[PrivacySpec],
                             value_choices=privacy_choices, not_fields=flat), ["key", "type", "default", "what"])
-    out += ["", "### stopping rules", "", "`privacy.stopping` names one of these rules (`dptune.stopping`'s "
+    out += ["", "### stopping rules", "", "`privacy.stopping` names one of these rules (`dptune.config.stopping`'s "
             "registry); each checks its own settings, and decides the search's accounting.", ""]
     rules = []
     for name in stopping.choices():

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from dp_accounting import dp_event as de
 
 from dptune.accounting import accountant, certify, epsilon, event_from_json, event_to_json
+from dptune.config.stopping import reveals_k
 from dptune.errors import ConfigError
-from dptune.stopping import reveals_k
 
 if TYPE_CHECKING:
     from dptune.ledger import Charge, Ledger

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
 from dptune.audit import (
     Canaries,
@@ -27,6 +26,7 @@ from dptune.audit import (
     white_box_scores,
 )
 from dptune.config import DatasetSpec, TrialConfig
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.data import Splits, load_dataset, poisson_subsample
 from dptune.dpsgd import AuditHooks, init_model
 

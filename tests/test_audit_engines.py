@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, calibrate_noise_multiplier, epsilon, trial_event
 from dptune.audit import (
     FeatureCanaryModel,
@@ -27,6 +26,7 @@ from dptune.audit import (
     observed_feature_trial,
 )
 from dptune.config import DatasetSpec, TrialConfig
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.data import Splits, load_dataset, poisson_subsample
 from dptune.dpsgd import init_model
 

@@ -15,9 +15,8 @@ from dp_accounting import dp_event as de
 from dp_accounting.rdp import RdpAccountant
 from torch import nn
 
-from dptune import clipping
 from dptune.accounting import TrialPoint, plan_search
-from dptune.config import ConfigError, TrialConfig, load_space
+from dptune.config import ConfigError, TrialConfig, clipping, load_space
 from dptune.dpsgd import ChargeMismatch, make_engine, run_trial, validate_model
 from dptune.dpsgd._checked import checked_model
 from dptune.models import build_model

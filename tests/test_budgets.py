@@ -1,7 +1,7 @@
 """Budgets keyed on the privacy unit (issue 22 item 2, issue 40 items 5-6): careless copies keep their records'
 content (and ids) and hit the budget of the data they copy; a union of budgeted datasets is charged to each; data
 that partly overlaps a budgeted set never gets a budget implicitly (`--budget-epsilon`), only through the explicit
-`python -m dptune.ledger new-budget`. Copies under other ids or formats: tests/test_budget_identity.py. Every search here draws K = 0 (the test hook): the whole CLI path up
+`python -m dptune.cli.ledger new-budget`. Copies under other ids or formats: tests/test_budget_identity.py. Every search here draws K = 0 (the test hook): the whole CLI path up
 to the release, without Ray."""
 
 from __future__ import annotations

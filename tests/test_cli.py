@@ -1,4 +1,5 @@
-"""The commands in one place: the ``dptune`` console script and ``python -m dptune.<command>`` run the same code
+"""The commands in one place: the ``dptune`` console script, ``python -m dptune.cli.<command>`` and
+``python -m dptune.<command>`` (search, plan, train, report) run the same code
 (``dptune.cli``), and ``dptune.search``/``plan``/``train`` stay plain API functions (no module trick)."""
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def test_a_pipe_closed_early_ends_the_output_not_the_command(tmp_path: Path) -> 
     ledger = tmp_path / "l.sqlite"
     led = Ledger(ledger)
     led.set_budget("fp", 4.0, 1e-5, label="digits")
-    for args in (["-m", "dptune.ledger", "show", "--ledger", str(ledger)],
-                 ["-m", "dptune.ledger", "show", "--json", "--ledger", str(ledger)],
+    for args in (["-m", "dptune.cli.ledger", "show", "--ledger", str(ledger)],
+                 ["-m", "dptune.cli.ledger", "show", "--json", "--ledger", str(ledger)],
                  ["-m", "dptune.plan", "--space", SPACE]):
         r = _closed_pipe_run(sys.executable, *args)
         assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, (args, r.stderr)

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from dptune import clipping
-from dptune.config import ConfigError, TrialConfig
+from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.dpsgd import engine_mode, make_engine, validate_model
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.models import build_model

@@ -1,4 +1,4 @@
-"""One registry per clipping mode (issue 26): what a mode is and costs (``dptune.clipping``, config layer) and its
+"""One registry per clipping mode (issue 26): what a mode is and costs (``dptune.config.clipping``, config layer) and its
 engine (``dpsgd`` ``@engine``); every list of names and every capability question reads them."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import torch
 import yaml
 from torch import nn
 
-from dptune import clipping
 from dptune.accounting import plan_search
-from dptune.config import CLIPPING_MODES, ConfigError, TrialConfig, parse_space
+from dptune.config import CLIPPING_MODES, ConfigError, TrialConfig, clipping, parse_space
 from dptune.dpsgd import ENGINES, Engine, engine_mode, make_engine
 from dptune.dpsgd._engines import VmapEngine, engine
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 import yaml
 
-from dptune._params import trial_steps
 from dptune.config import ConfigError, DatasetSpec, load_space, parse_space
+from dptune.config.params import trial_steps
 from dptune.data import Splits, load_dataset
 from dptune.data.examples import breast_cancer_table, main, write_table
 from dptune.dpsgd import run_trial, validate_model

@@ -89,7 +89,7 @@ def test_space_key_reference_is_generated_from_the_code() -> None:
     from dptune.config import DatasetSpec, PrivacySpec, TrialConfig
 
     page = (ROOT / "docs" / "spaces.md").read_text()
-    from dptune import stopping
+    from dptune.config import stopping
 
     for name in stopping.choices():  # every rule and each of its settings (PrivacySpec.stopping_settings)
         assert f"| `{name}` | " + ", ".join(f"`{s}`" for s in stopping.rule_info(name).settings[:1]) in page, name

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dptune.dpsgd as dpsgd
-from dptune import clipping
-from dptune._params import sampling_rate, trial_steps
-from dptune.config import ConfigError, TrialConfig
+from dptune.config import ConfigError, TrialConfig, clipping
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.data import Splits, augment_views
 from dptune.dpsgd import (
     _engines,
@@ -34,7 +33,7 @@ BASE = TrialConfig(model="gn_cnn", batch_size=64, epochs=1.0, noise_multiplier=1
 
 
 def _clipping(mode: str) -> str:
-    return "auto" if mode == "bookkeeping" else mode  # config.py does not list bookkeeping; auto picks it
+    return "auto" if mode == "bookkeeping" else mode  # dptune.config does not list bookkeeping; auto picks it
 
 
 def test_short_dp_training_beats_chance(digits: Splits) -> None:

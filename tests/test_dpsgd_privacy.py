@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting import TrialPoint, reachable_points
 from dptune.config import TrialConfig, load_space
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.data import Splits
 from dptune.dpsgd import ChargeMismatch, TrialStreams, _trial, init_model, make_engine, run_trial
 from dptune.dpsgd._charge import check_charged

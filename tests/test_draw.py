@@ -12,8 +12,8 @@ import optuna.distributions as od
 import pytest
 
 from dptune import accounting as A
-from dptune._distributions import sample_params
 from dptune.config import load_space
+from dptune.config.distributions import sample_params
 from dptune.tuning.draw import TEST_HOOK, make_draw
 
 SPACE = "search_spaces/digits.yaml"
@@ -76,7 +76,7 @@ def _tpe_space() -> object:
 
 
 def _sampler_state(seed: int) -> tuple:
-    from dptune.tuning.searchers import search_alg
+    from dptune.tuning.search_alg import search_alg
 
     space = _tpe_space()
     draw = make_draw(space, A.stopping_rule("composed", mean=2), seed=seed)  # type: ignore[arg-type]
@@ -87,7 +87,7 @@ def _sampler_state(seed: int) -> tuple:
 def test_tpe_sampler_is_seeded_by_its_own_full_128_bit_stream() -> None:
     """Issue 22 item 25: the TPE sampler's RandomState comes from the draw's own "sampler" stream, all 128 bits
     of it — not from the low 32 bits of the "searcher" stream that keys the adaptive trials' seeds."""
-    from dptune.searchers import seed_words
+    from dptune.config.searchers import seed_words
 
     draw, state = _sampler_state(7)
     expected = np.random.RandomState(seed_words(draw.stream_seed("sampler"))).get_state()

@@ -24,7 +24,7 @@ CONFIG = TrialConfig(batch_size=64, epochs=2.0, learning_rate=0.1, noise_multipl
 
 
 def test_q_and_t_are_the_library_definition() -> None:
-    import dptune._params as params
+    import dptune.config.params as params
 
     assert accounting.sampling_rate is params.sampling_rate and accounting.trial_steps is params.trial_steps
     assert sampling_rate(batch_size=64, basis=1000) == 0.064

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from dptune import clipping
-from dptune.config import load_space
+from dptune.config import clipping, load_space
 from dptune.dpsgd import run_trial
 from tests.conftest import digits_seed_with_k
 

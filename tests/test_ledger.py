@@ -123,7 +123,7 @@ def test_ledger_cli(tmp_path: Path) -> None:
     Ledger(path).set_budget(FP, 4.0, 1e-5, label="digits")
     dataset_id = Ledger(path).dataset_id(FP)
     env = {**os.environ}
-    run = [sys.executable, "-m", "dptune.ledger"]
+    run = [sys.executable, "-m", "dptune.cli.ledger"]
     r = subprocess.run(run + ["set-budget", "--ledger", str(path), "--dataset-id", dataset_id, "--epsilon", "8",
                               "--delta", "1e-5"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
@@ -143,7 +143,7 @@ def test_set_budget_of_an_id_that_names_no_budget_is_refused(tmp_path: Path) -> 
     led = Ledger(path)
     led.set_budget(FP, 4.0, 1e-5, label="digits")
     dataset_id = led.dataset_id(FP)
-    run = [sys.executable, "-m", "dptune.ledger", "set-budget", "--ledger", str(path)]
+    run = [sys.executable, "-m", "dptune.cli.ledger", "set-budget", "--ledger", str(path)]
     r = subprocess.run(run + ["--fingerprint", dataset_id, "--epsilon", "6", "--delta", "1e-5"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -193,7 +193,7 @@ def test_ledger_show_and_errors_never_print_the_fingerprint(tmp_path: Path) -> N
     pieces = {fp[i:i + 8] for i in range(0, 64, 4)}
     outputs = []
     for extra in ([], ["--json"]):
-        r = subprocess.run([sys.executable, "-m", "dptune.ledger", "show", "--ledger", str(path), *extra],
+        r = subprocess.run([sys.executable, "-m", "dptune.cli.ledger", "show", "--ledger", str(path), *extra],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert led.dataset_id(fp) in r.stdout and "digits" in r.stdout
@@ -324,7 +324,7 @@ def test_missing_key_of_a_ledger_with_charges_is_refused(tmp_path: Path) -> None
         Ledger(led.path)
     assert e.value.field == "--ledger" and "restore" in str(e.value)
     assert not led.key_path.exists()
-    r = subprocess.run([sys.executable, "-m", "dptune.ledger", "show", "--ledger", str(led.path)],
+    r = subprocess.run([sys.executable, "-m", "dptune.cli.ledger", "show", "--ledger", str(led.path)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "key" in r.stderr and not led.key_path.exists()
 

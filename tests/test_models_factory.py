@@ -14,8 +14,8 @@ import torch
 import yaml
 from torch import nn
 
-from dptune._params import trial_steps
 from dptune.config import ConfigError, TrialConfig, parse_space
+from dptune.config.params import trial_steps
 from dptune.data import Splits, poisson_subsample
 from dptune.data._splits import make_splits
 from dptune.dpsgd import init_model, run_trial, validate_model

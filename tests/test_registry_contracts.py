@@ -16,10 +16,9 @@ from dp_accounting import dp_event as de
 from torch import nn
 
 import dptune.accounting as A
-from dptune import clipping, stopping
 from dptune.accounting._catalogue import rule_of_search_event
 from dptune.certificate import Certificate
-from dptune.config import ConfigError, TrialConfig
+from dptune.config import ConfigError, TrialConfig, clipping, stopping
 from dptune.dpsgd import ENGINES, Engine, engine_mode, make_engine, validate_model
 from dptune.dpsgd._alc import layer_of
 from dptune.dpsgd._engines import VmapEngine, engine

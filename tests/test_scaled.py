@@ -15,8 +15,8 @@ from dp_accounting import dp_event as de
 from dp_accounting.rdp import RdpAccountant
 
 from dptune import accounting as A
-from dptune._params import sampling_rate, trial_steps
 from dptune.config import ConfigError, SearchSpace, load_space
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.ledger import Ledger
 from tests.conftest import free_port, isolated_env_for, run_cli
 

@@ -308,7 +308,7 @@ def test_ledger_show_reads_a_ledger_in_a_read_only_folder(tmp_path: Path, isolat
     ledger.set_budget("f" * 64, 10.0, 1e-5, label="digits")
     ledger.reserve("f" * 64, "digits-run", dp_accounting.GaussianDpEvent(5.0))
     immutable(folder)
-    r = subprocess.run([sys.executable, "-m", "dptune.ledger", "show", "--ledger", str(folder / "ledger.sqlite")],
+    r = subprocess.run([sys.executable, "-m", "dptune.cli.ledger", "show", "--ledger", str(folder / "ledger.sqlite")],
                        capture_output=True, text=True, env=_env(isolated_env), cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "reserved" in r.stdout and "digits-run" in r.stdout, r.stdout

@@ -16,7 +16,7 @@ import yaml
 
 from dptune import accounting as A
 from dptune.config import ConfigError, SearchSpace, parse_space
-from dptune.searchers import SEARCHERS, Searcher, register
+from dptune.config.searchers import SEARCHERS, Searcher, register
 from dptune.tuning.draw import make_draw
 
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "digits.yaml"

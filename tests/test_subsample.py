@@ -91,7 +91,7 @@ def test_min_subsample_size_and_rates() -> None:
     assert stats.binom.cdf(m - 1, 1257, 0.5) <= 1e-6 < stats.binom.cdf(m, 1257, 0.5)
     assert A.min_subsample_size(1257, fraction=1.0, failure_prob=1e-6) == 1257
     space = _space([128], epochs=15)
-    (point,) = A.reachable_points(space, 1257, tune_fraction=0.5)  # q and T on the basis f·n (dptune._params)
+    (point,) = A.reachable_points(space, 1257, tune_fraction=0.5)  # q and T on the basis f·n (dptune.config.params)
     assert point.sampling_rate == pytest.approx(128 / 628.5)
     assert point.steps == math.ceil(15 * 628.5 / 128)
     with pytest.raises(ConfigError) as e:  # a batch above the expected subsample f·n

@@ -17,10 +17,10 @@ from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from dptune import accounting as A
-from dptune._params import trial_steps
 from dptune.certificate import load_certificate, verify_binding
 from dptune.cli.train import main as train_main
 from dptune.config import ConfigError
+from dptune.config.params import trial_steps
 from dptune.ledger import Ledger
 from tests.conftest import digits_seed_with_k, free_port, run_cli
 

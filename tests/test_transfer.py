@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from dptune import accounting as A
-from dptune._params import sampling_rate, trial_steps
 from dptune.config import ConfigError, load_space, parse_space
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.ledger import Ledger
 from tests.conftest import free_port, isolated_env_for, run_cli
 

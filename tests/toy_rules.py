@@ -65,8 +65,8 @@ class Rounds(Poisson):
 @contextlib.contextmanager
 def registered(*names: str) -> Iterator[None]:
     """Afterwards, the registries hold what they held before (a test registers a rule or tries to)."""
-    from dptune import stopping
     from dptune.accounting import _catalogue
+    from dptune.config import stopping
 
     try:
         yield

@@ -72,8 +72,8 @@ def search_once(space: SearchSpace, plan: Any, tp: Any, key: int, trial: Any, n_
     """One search as ``dptune search`` runs it (its draw, sampler and selection), every trial run by
     ``trial(params, seed) -> dict`` (score, val_raw, diverged); its draw, trials and released params.
     ``score_scale``: the noisy max's scale relative to the space's (a proxy with another validation size)."""
+    from dptune.config.searchers import searcher
     from dptune.release import released_params, select_best, select_noisy_max
-    from dptune.searchers import searcher
     from dptune.trials import TrialRow
     from dptune.tuning.draw import make_draw
 

@@ -147,10 +147,10 @@ __all__ = [
     "worst_case_event",
 ]
 
-# Appended (the modules above are listed in the docstring): q and T from their one definition (``dptune._params``)
+# Appended (the modules above are listed in the docstring): q and T from their one definition (``dptune.config.params``)
 # for callers outside the library, and ``_final_run``: a final training run calibrated after the events charged
 # before it, the one routine ``dptune train`` and the benches share.
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._final_run import FinalCalibration, calibrate_final
+from dptune.config.params import sampling_rate, trial_steps
 
 __all__ += ["FinalCalibration", "calibrate_final", "sampling_rate", "trial_steps"]

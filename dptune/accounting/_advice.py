@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._amplify import amplify_log_moments, poisson_subsampled_rdp, top_order
 from dptune.accounting._catalogue import comparison_rules
 from dptune.accounting._convert import ORDERS, rdp_to_epsilon
 from dptune.accounting._planner import reachable_points
 from dptune.accounting._rules import StoppingRule
 from dptune.config import ConfigError, SearchSpace
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.errors import check_positive
 
 __all__ = ["Advice", "Candidate", "advise"]

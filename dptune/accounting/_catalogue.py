@@ -2,7 +2,7 @@
 
 Everything that chooses, lists or recognises rules goes through here — the planner, the advice, the plan
 CLI, plots and reports — so a new rule is its subclass in ``_rules`` plus one ``register_rule`` line below, which
-also tells the config layer (``dptune.stopping``) its name, settings and the accounting it implies.
+also tells the config layer (``dptune.config.stopping``) its name, settings and the accounting it implies.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from types import MappingProxyType
 
 from dp_accounting import dp_event as de
 
-from dptune import stopping
 from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
-from dptune.config import PrivacySpec
+from dptune.config import PrivacySpec, stopping
 from dptune.errors import ConfigError
 
 __all__ = ["STOPPING_RULES", "alternative_rules", "comparison_rules", "register_rule", "rule_of", "rule_of_search_event",
@@ -32,7 +31,7 @@ _PROBE_TRIAL = de.PoissonSampledDpEvent(0.01, de.GaussianDpEvent(1.0))
 
 def register_rule(cls: type[StoppingRule]) -> type[StoppingRule]:
     """Register a stopping rule: here (its events and draws) and with the config layer (its name, settings and
-    the accounting it implies: ``dptune.stopping``).
+    the accounting it implies: ``dptune.config.stopping``).
 
     Everything that can be checked without a space is checked here, so a mistake fails at import and never after a
     charge (ValueError naming the rule): a concrete ``StoppingRule`` subclass, a name registered once, ``mean``

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event as de
 
-from dptune import clipping
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._accountant import epsilon
 from dptune.accounting._calibrate import calibrate_noise_multiplier
 from dptune.accounting._events import trial_event
+from dptune.config import clipping
+from dptune.config.params import sampling_rate, trial_steps
 
 if TYPE_CHECKING:
     from dptune.config import TrialConfig

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 import optuna.distributions as od
 from dp_accounting import dp_event as de
 
-from dptune import clipping
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._amplify import check_fraction
 from dptune.accounting._calibrate import calibrate_tight
@@ -19,7 +17,8 @@ from dptune.accounting._events import NoisyMaxDpEvent, WorstCaseDpEvent, trial_e
 from dptune.accounting._rdp import rdp_epsilon
 from dptune.accounting._rules import StoppingRule
 from dptune.accounting._subsample import subsampled_search_event
-from dptune.config import ConfigError, SearchSpace, check_trial_score_noise, support_values
+from dptune.config import ConfigError, SearchSpace, check_trial_score_noise, clipping, support_values
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.errors import check_positive
 
 __all__ = ["Plan", "TrialPoint", "clipping_sensitivity", "plan_search", "reachable_points", "selection_event", "sigma_floor",
@@ -31,7 +30,7 @@ SIGMA_FLOOR_RANGE = (0.5, 1000.0)  # below σ = 0.5 DP-SGD is useless and RDP se
 @dataclass(frozen=True, order=True, kw_only=True)
 class TrialPoint:
     """Privacy parameters of one reachable trial; ``noise_multiplier`` per unit of sensitivity (the σ a trial adds
-    over ``dptune.clipping.sensitivity`` of its clipping mode: batch clipping's σ/2)."""
+    over ``dptune.config.clipping.sensitivity`` of its clipping mode: batch clipping's σ/2)."""
 
     noise_multiplier: float
     sampling_rate: float
@@ -45,7 +44,7 @@ class TrialPoint:
 
 def _sigma_values(space: SearchSpace, sigma_low: float | None) -> list[float]:
     """The worst-case σ per unit of sensitivity: the smallest σ the space reaches over its largest clipping
-    sensitivity (batch clipping: 2C, ``dptune.clipping.sensitivity``)."""
+    sensitivity (batch clipping: 2C, ``dptune.config.clipping.sensitivity``)."""
     dist = space.space.get("noise_multiplier")
     if sigma_low is not None:
         return [sigma_low]
@@ -76,7 +75,7 @@ def reachable_points(space: SearchSpace, n_train: float, *, sigma_low: float | N
     """Every (σ, q, T, score noise) a trial of ``space`` can have; σ at its worst (smallest) value.
 
     With ``tune_fraction`` f < 1 the trials run on a Poisson subsample: q and T on the data-independent
-    basis f·n (``dptune._params``; Koskela & Kulkarni 2023), errors reported as ``search.tune_fraction``.
+    basis f·n (``dptune.config.params``; Koskela & Kulkarni 2023), errors reported as ``search.tune_fraction``.
     A search that plans its final run (``space.transfers``) runs each (B, E) at its own cheap σ:
     ``sigma_low`` × :func:`transfer_weight` (σ_low is the σ of the costliest point).
     """

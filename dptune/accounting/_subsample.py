@@ -15,7 +15,7 @@ Two details that make the charge an upper bound of what dptune runs:
   random-stopping transform of the score-only trial curve, not amplified. The search is charged at the
   maximum of the two (:func:`subsampled_search_event`; :func:`search_parts` is its inverse).
 * **Sampling rate inside X₁.** |X₁| ~ Binomial(n, f) is random and data-dependent; the trainer samples
-  batches with the data-independent rate q = B / (f·n) and runs T = ⌈epochs·f·n / B⌉ steps — ``dptune._params``
+  batches with the data-independent rate q = B / (f·n) and runs T = ⌈epochs·f·n / B⌉ steps — ``dptune.config.params``
   with ``basis = f·n``, as the planner charges (``reachable_points(..., tune_fraction=f)``) — not B/|X₁|, so
   that M's RDP curve holds on every X₁ and the amplification theorem applies exactly, with no extra δ.
 """

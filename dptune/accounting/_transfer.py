@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from dptune._params import sampling_rate, trial_steps
 from dptune.accounting._advice import expected_max
 from dptune.accounting._calibrate import calibrate_noise_multiplier
 from dptune.accounting._catalogue import rule_of
 from dptune.accounting._planner import Plan, plan_search
 from dptune.config import ConfigError, SearchSpace, TrialConfig, nominal_train_size, support_values
+from dptune.config.params import sampling_rate, trial_steps
+from dptune.config.searchers import searcher
 from dptune.errors import check_positive
-from dptune.searchers import searcher
 
 __all__ = ["TransferAdvice", "TransferPlan", "advise_transfer", "lr_batch_scale", "plan_transfer"]
 

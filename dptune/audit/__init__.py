@@ -13,10 +13,6 @@ so every clipping engine, bookkeeping and ghost included, is audited on its own 
 trials and searches, what each threat model sees, canary scores).
 """
 
-from dptune._params import (  # the trainer's q and T, for benches (public imports only)
-    sampling_rate,
-    trial_steps,
-)
 from dptune.audit._bound import (
     Audit,
     Guesses,
@@ -54,6 +50,10 @@ from dptune.audit._observe import (
     observed_search,
     observed_trial,
     white_box_scores,
+)
+from dptune.config.params import (  # the trainer's q and T, for benches (public imports only)
+    sampling_rate,
+    trial_steps,
 )
 
 __all__ = [

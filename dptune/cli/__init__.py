@@ -1,5 +1,6 @@
 """Every command of dptune, and the ``dptune`` console script: ``dptune <command> …`` is
-``python -m dptune.<command> …`` (search, plan, train, report, ledger). Each command's module has a
+``python -m dptune.cli.<command> …`` (search, plan, train, report, ledger; ``python -m dptune.<command> …`` for the
+first four, whose entry points only run this package). Each command's module has a
 ``main(argv) -> exit status``; bad input is one line on stderr and status 2 (``_common.run_cli``).
 
 The library never imports this package (``tests/test_architecture.py``); the commands call the library.
@@ -24,7 +25,7 @@ COMMANDS = {
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {what}" for name, what in COMMANDS.items()]
-    return ("usage: dptune <command> [options]   (the same as python -m dptune.<command>)\n\ncommands:\n"
+    return ("usage: dptune <command> [options]   (the same as python -m dptune.cli.<command>)\n\ncommands:\n"
             + "\n".join(lines) + "\n\n`dptune <command> --help` lists a command's options.")
 
 

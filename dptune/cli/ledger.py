@@ -1,4 +1,4 @@
-"""``python -m dptune.ledger {show,set-budget,new-budget,adopt}``: budgets and charges of a ledger (curator only).
+"""``python -m dptune.cli.ledger {show,set-budget,new-budget,adopt}``: budgets and charges of a ledger (curator only).
 
 ``new-budget --space S`` is the one explicit way to open a budget for data that partly overlaps a budgeted
 dataset, or shares a budget's record ids but not its content: it reads the space's dataset, lists every existing
@@ -30,7 +30,7 @@ from dptune.ledger import (
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dptune.ledger", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dptune.cli.ledger", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="budgets and charges")
     show.add_argument("--ledger", help="default: the per-user ledger searches use")
@@ -95,7 +95,7 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
     for same in same_records_keys(ledger, data):  # an older dptune keyed a budget on its ids alone
         if ledger.budget(same) is not None:
             raise ConfigError("--space", f"these very records already have a budget: {ledger.label(same)}",
-                              f"change it with {python_m('dptune.ledger')} set-budget --dataset-id "
+                              f"change it with {python_m('dptune.cli.ledger')} set-budget --dataset-id "
                               f"{ledger.dataset_id(same)}")
     found = budget_match(ledger, data, data.pool_fingerprint())
     budgets = [d for d in _show(ledger) if d["dataset_id"]]
@@ -109,7 +109,7 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
     for other in found.by_ids:
         print(f"  this data shares record ids with {ledger.label(other)} but not their content: opened as other data, "
               "its searches are not charged to that budget. If these are its records (changed), do not open a budget: "
-              f"{python_m('dptune.ledger')} adopt --ledger {ledger.path} --space {args.space} --dataset-id "
+              f"{python_m('dptune.cli.ledger')} adopt --ledger {ledger.path} --space {args.space} --dataset-id "
               f"{ledger.dataset_id(other)}")
     if data.record_ids is None:
         print("  note: no dataset.id_column: the ledger knows this table's records by their content only")

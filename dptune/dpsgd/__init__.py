@@ -1,6 +1,6 @@
 """One DP-SGD trial (the only Opacus importer): Poisson sampling, per-sample clipping, Gaussian noise.
 
-The privacy-relevant numbers (q, σ, T) come from :mod:`dptune._params`, the one formula the accountant uses
+The privacy-relevant numbers (q, σ, T) come from :mod:`dptune.config.params`, the one formula the accountant uses
 too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical steps, counted here.
 
 Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),

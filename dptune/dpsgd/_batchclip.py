@@ -1,4 +1,4 @@
-"""Batch clipping's engine (``clipping: batch``; the mode's charge and capabilities: ``dptune.clipping``)."""
+"""Batch clipping's engine (``clipping: batch``; the mode's charge and capabilities: ``dptune.config.clipping``)."""
 
 from __future__ import annotations
 

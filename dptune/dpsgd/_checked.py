@@ -9,8 +9,7 @@ from opacus.validators import ModuleValidator
 from opacus.validators.errors import IllegalModuleConfigurationError, ShouldReplaceModuleError
 from torch import nn
 
-from dptune import clipping
-from dptune.config import ConfigError, TrialConfig
+from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.models import batch_statistics_only, check_no_batchnorm, fix_batchnorm
 
 __all__ = ["checked_model", "first_sentence"]

@@ -21,9 +21,8 @@ from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
 from torch.nn.grad import conv2d_weight
 
-from dptune import clipping
-from dptune._params import sampling_rate
-from dptune.config import ConfigError, TrialConfig
+from dptune.config import ConfigError, TrialConfig, clipping
+from dptune.config.params import sampling_rate
 from dptune.dpsgd._optim import (
     ClippingDPOptimizer,
     GhostClippingModule,
@@ -74,12 +73,12 @@ def resolve_clipping(config: TrialConfig, basis: float) -> str:
     return mode
 
 
-ENGINES: dict[str, type[Engine]] = {}  # clipping mode -> its engine (dptune.clipping registers what each mode is)
+ENGINES: dict[str, type[Engine]] = {}  # clipping mode -> its engine (dptune.config.clipping registers what each mode is)
 E = TypeVar("E", bound="type[Engine]")
 
 
 def engine(mode: str) -> Callable[[E], E]:
-    """Register an engine class for clipping mode ``mode`` (a mode of ``dptune.clipping``'s registry). Checked at
+    """Register an engine class for clipping mode ``mode`` (a mode of ``dptune.config.clipping``'s registry). Checked at
     import: the mode is registered there and has no engine yet; the class is an ``Engine`` with its own ``backward``
     (the base's only raises) and an Opacus ``DPOptimizer`` as ``optimizer_class`` (it adds the noise)."""
     def register(cls: E) -> E:

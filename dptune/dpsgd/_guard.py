@@ -58,8 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dptune import clipping
-from dptune.config import ConfigError, TrialConfig
+from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import Engine, engine_mode, make_engine, quiet_hooks, resolve_clipping

@@ -9,7 +9,7 @@ import torch
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from dptune import clipping
+from dptune.config import clipping
 from dptune.data import augment_views
 from dptune.dpsgd._state import TrialRun
 

@@ -147,7 +147,7 @@ class BatchClipDPOptimizer(SummedDPOptimizer):
     in p.grad and counts the batch's examples in ``examples``; each logical step takes their mean, clips it as one
     vector to C (zero if it is not finite, or for an empty batch), adds N(0, (σ·C)²) and steps on that, without
     dividing by the batch size: the noise is on the mean, not on a sum of per-example terms. One example moves the
-    clipped mean by up to 2C (``dptune.clipping.sensitivity``), which the accountant charges."""
+    clipped mean by up to 2C (``dptune.config.clipping.sensitivity``), which the accountant charges."""
 
     examples = 0
 

@@ -12,9 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dptune import clipping
-from dptune._params import sampling_rate, trial_steps
-from dptune.config import TrialConfig
+from dptune.config import TrialConfig, clipping
+from dptune.config.params import sampling_rate, trial_steps
 from dptune.data import Splits
 from dptune.dpsgd._audit import AuditHooks, apply_bug
 from dptune.dpsgd._charge import check_charged

@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dptune import clipping
-from dptune.config import ConfigError, TrialConfig
+from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.dpsgd._checked import checked_model, first_sentence
 from dptune.dpsgd._engines import make_engine
 from dptune.dpsgd._guard import guarded_clipping

@@ -1,7 +1,7 @@
 """Privacy ledger: per-dataset budgets and every charge (see :mod:`dptune.ledger._store`); which budgets a
 dataset falls under, by its records' content and, within a dataset, their ids (:mod:`dptune.ledger._budgets`).
 
-CLI: ``python -m dptune.ledger {show,set-budget,new-budget,adopt} [--ledger FILE]``.
+CLI: ``python -m dptune.cli.ledger {show,set-budget,new-budget,adopt} [--ledger FILE]``.
 """
 
 from dptune.ledger._budgets import (

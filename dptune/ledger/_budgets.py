@@ -17,13 +17,13 @@ Ids alone cannot tell a copy whose content changed beyond the signatures (a feat
 jittered far beyond a small edit) from unrelated data whose ids look alike (row numbers 0..568). So data that matches
 no budget by content but shares ``SAME_DATASET_SHARE`` of the smaller's record ids with one (``BudgetMatch.by_ids``)
 is neither opened a budget implicitly nor charged to that one silently: it is refused until the curator says which
-it is, with ``python -m dptune.ledger adopt`` (the same records: the budget takes the data's signatures, so its
-searches are charged to it) or ``python -m dptune.ledger new-budget`` (other data: its own budget, which its content
+it is, with ``python -m dptune.cli.ledger adopt`` (the same records: the budget takes the data's signatures, so its
+searches are charged to it) or ``python -m dptune.cli.ledger new-budget`` (other data: its own budget, which its content
 then matches; the id-alike budget is not charged).
 
 A dataset is charged to every budget whose records it holds (``Ledger.reserve`` with several keys: all or none);
 it must be covered (``COVERED_SHARE`` of its records in those budgets, by content or id) or it is refused until its
-budget is opened explicitly (``python -m dptune.ledger new-budget``). A new budget is never opened implicitly
+budget is opened explicitly (``python -m dptune.cli.ledger new-budget``). A new budget is never opened implicitly
 (``--budget-epsilon``) for data that holds a budget's records.
 
 The ledger keeps only keyed digests (HMAC-SHA256 under the curator key, 128 bits) of ids and signatures: an id is
@@ -172,7 +172,7 @@ def adopt_identity(ledger: Ledger, key: str, data: Records) -> None:
 
 
 def adopt_records(ledger: Ledger, key: str, data: Records) -> None:
-    """The curator's word that ``data`` holds the records of budget ``key`` (``python -m dptune.ledger adopt``): the
+    """The curator's word that ``data`` holds the records of budget ``key`` (``python -m dptune.cli.ledger adopt``): the
     budget takes the data's content signatures and record ids besides its own (its record count is unchanged), so
     the data, and copies of it, are charged to it from then on."""
     with ledger._write() as con:

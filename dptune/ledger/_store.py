@@ -244,8 +244,8 @@ class Ledger:
                           (str(dataset_id), str(dataset_id)))
         if not rows:
             raise ConfigError("--dataset-id", f"no budget in {self.path} has the id {str(dataset_id)[:40]!r}",
-                              f"give a dataset id that `{python_m('dptune.ledger')} show --ledger {self.path}` lists "
-                              f"(a new dataset's budget is opened with `{python_m('dptune.ledger')} new-budget`)")
+                              f"give a dataset id that `{python_m('dptune.cli.ledger')} show --ledger {self.path}` lists "
+                              f"(a new dataset's budget is opened with `{python_m('dptune.cli.ledger')} new-budget`)")
         return str(rows[0][0])
 
     def label(self, fingerprint: str, with_id: bool = True) -> str:
@@ -264,7 +264,7 @@ class Ledger:
         rows = self._read("SELECT dataset_id FROM budgets WHERE fingerprint=?", (fingerprint,))
         if not rows:
             raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
-                              f"open one with --budget-epsilon or {python_m('dptune.ledger')} new-budget")
+                              f"open one with --budget-epsilon or {python_m('dptune.cli.ledger')} new-budget")
         return str(rows[0][0])
 
     def fingerprint_of(self, dataset_id: str) -> str | None:
@@ -305,7 +305,7 @@ class Ledger:
                           (fingerprint,)).fetchone()
         if row is None:
             raise ConfigError("budget", f"this dataset has no privacy budget in {self.path}",
-                              f"open one: {python_m('dptune.ledger')} new-budget --ledger {self.path} --space SPACE "
+                              f"open one: {python_m('dptune.cli.ledger')} new-budget --ledger {self.path} --space SPACE "
                               "--epsilon E --delta D (or pass --budget-epsilon)")
         budget_eps, budget_delta = float(row[0]), float(row[1])
         name_of = f"{row[2] or 'dataset'} (id {row[3]})"
@@ -314,7 +314,7 @@ class Ledger:
             raise BudgetExceeded(
                 "budget.delta", f"the budget of {name_of} has δ = {budget_delta:g}, not below 1/n = "
                 f"{1.0 / smallest_n:.3g}: a mechanism that publishes a random example in the clear meets it",
-                f"lower it: {python_m('dptune.ledger')} set-budget --ledger {self.path} --dataset-id {row[3]} "
+                f"lower it: {python_m('dptune.cli.ledger')} set-budget --ledger {self.path} --dataset-id {row[3]} "
                 f"--epsilon {budget_eps:g} --delta {10 ** math.floor(math.log10(0.1 / smallest_n)):g}")
         spent = self._spent(con, fingerprint)
         total_eps = composed_epsilon([*spent, event], budget_delta)
@@ -325,7 +325,7 @@ class Ledger:
                 f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
                 f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
                 "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
-                f"noise) or raise the budget with `{python_m('dptune.ledger')} set-budget`",
+                f"noise) or raise the budget with `{python_m('dptune.cli.ledger')} set-budget`",
             )
         eps_alone = composed_epsilon([event], budget_delta)
         cur = con.execute(

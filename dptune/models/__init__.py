@@ -21,7 +21,7 @@ _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 def build_model(config: TrialConfig, num_classes: int, input_shape: tuple[int, int, int]) -> nn.Module:
     """The model named by ``config.model`` for ``num_classes`` classes and C x H x W inputs: a built-in,
-    ``torchvision:<name>`` or ``factory:<package.module>:<function>`` (see dptune._specs), with
+    ``torchvision:<name>`` or ``factory:<package.module>:<function>`` (see dptune.config.specs), with
     ``config.model_kwargs``. BatchNorm is left in place here: the trainer refuses or replaces it."""
     if num_classes < 2:
         raise ConfigError("dataset", f"{num_classes} classes", "use a dataset with at least 2 classes")

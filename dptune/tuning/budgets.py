@@ -1,6 +1,6 @@
 """Which budgets a search is charged to (``python -m dptune.search``, ``dptune.search``): those whose records its
 data holds, or one opened by ``--budget-epsilon`` for data that resembles no budgeted set; anything else is refused
-(exit 2, nothing charged) until the curator's explicit ``python -m dptune.ledger new-budget`` or ``adopt``. The test
+(exit 2, nothing charged) until the curator's explicit ``python -m dptune.cli.ledger new-budget`` or ``adopt``. The test
 of what a dataset is lives in :mod:`dptune.ledger._budgets`."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def budget_keys(req: SearchRequest, ledger: Ledger, data: Any, fingerprint: str,
                 say: Callable[[str], None]) -> list[str]:
     """Every budget this dataset is charged to: those whose records it holds, by content (whatever its ids or
     format) and, within those, by record id. ``--budget-epsilon`` opens one only for data that holds no budget's
-    records and shares no budget's record ids; anything else is the explicit act of ``python -m dptune.ledger
+    records and shares no budget's record ids; anything else is the explicit act of ``python -m dptune.cli.ledger
     new-budget`` (or ``adopt``, for a changed copy of a budget's records)."""
     found = budget_match(ledger, data, fingerprint)
     if data.record_ids is None:
@@ -48,7 +48,7 @@ def budget_keys(req: SearchRequest, ledger: Ledger, data: Any, fingerprint: str,
             say("  this data overlaps several budgeted datasets; each is charged: "
                 + "; ".join(ledger.label(k) for k in found.overlapped))
         return found.overlapped
-    fix = (f"open its budget explicitly: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} "
+    fix = (f"open its budget explicitly: {python_m('dptune.cli.ledger')} new-budget --ledger {ledger.path} "
            f"--space {req.space.source or 'SPACE'} --epsilon E --delta D (it lists the existing budgets)")
     if found.overlapped:
         raise ConfigError("--budget-epsilon" if req.budget_epsilon is not None else "budget",
@@ -79,7 +79,7 @@ def _ids_alike(req: SearchRequest, ledger: Ledger, keys: list[str]) -> ConfigErr
         f"this data shares record ids with the budgeted {labels} but not their content (a feature column added, or "
         "values changed beyond a small edit, or other data whose ids merely look alike): no budget is opened for it "
         "implicitly and it is not charged to that one unasked; nothing was charged",
-        f"if these are its records, charge them to its budget: {python_m('dptune.ledger')} adopt --ledger "
+        f"if these are its records, charge them to its budget: {python_m('dptune.cli.ledger')} adopt --ledger "
         f"{ledger.path} --space {space} --dataset-id {ledger.dataset_id(keys[0])}; if it is other data, open its "
-        f"own budget: {python_m('dptune.ledger')} new-budget --ledger {ledger.path} --space {space} --epsilon E "
+        f"own budget: {python_m('dptune.cli.ledger')} new-budget --ledger {ledger.path} --space {space} --epsilon E "
         "--delta D")

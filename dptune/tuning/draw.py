@@ -21,8 +21,8 @@ import numpy as np
 
 from dptune.accounting import StoppingRule
 from dptune.config import SearchSpace
+from dptune.config.searchers import searcher
 from dptune.rundir import write_private
-from dptune.searchers import searcher
 
 __all__ = ["Draw", "make_draw"]
 

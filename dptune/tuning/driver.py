@@ -18,9 +18,16 @@ from typing import Any
 
 import optuna.distributions as od
 
-from dptune import stopping
 from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
-from dptune.config import DatasetSpec, PrivacySpec, SearchSpace, TrialConfig, check_space, later_defaults
+from dptune.config import (
+    DatasetSpec,
+    PrivacySpec,
+    SearchSpace,
+    TrialConfig,
+    check_space,
+    later_defaults,
+    stopping,
+)
 from dptune.errors import ConfigError, check_delta
 from dptune.ledger import Charge, Ledger
 from dptune.release import (

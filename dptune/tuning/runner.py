@@ -25,14 +25,14 @@ from ray import tune
 from ray.tune import Callback, ProgressReporter
 
 from dptune.config import SearchSpace
+from dptune.config.searchers import searcher
 from dptune.errors import ConfigError
 from dptune.rundir import RunDir
-from dptune.searchers import searcher
 from dptune.trials import TrialRow
 from dptune.tuning.draw import Draw
 from dptune.tuning.options import RayOptions
 from dptune.tuning.raylog import SealedLog, sealed_ray_logs
-from dptune.tuning.searchers import search_alg
+from dptune.tuning.search_alg import search_alg
 from dptune.tuning.trainable import dptune_trial
 
 __all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials",

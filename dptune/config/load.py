@@ -1,0 +1,205 @@
+"""Loading a space: a YAML file or a dict parsed into the records (:mod:`dptune.config.schema`), then the
+cross-field rules (:mod:`dptune.config.checks`). Every problem is a :class:`ConfigError` that names the field and
+says how to fix it; the CLIs turn it into exit status 2 before anything is charged or run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna.distributions as od
+import yaml
+
+from dptune.config import specs, stopping
+from dptune.config.checks import (
+    INTERNAL_FIELDS,
+    SCHEDULERS,
+    SEARCHABLE,
+    SEARCHERS,
+    check_accounting,
+    check_dataset,
+    check_privacy,
+    check_space,
+)
+from dptune.config.distributions import in_support, parse_distribution
+from dptune.config.schema import (
+    DatasetSpec,
+    PrivacySpec,
+    SearchSpace,
+    TrialConfig,
+    coerce_value,
+)
+from dptune.config.specs import PlannerSpec
+from dptune.errors import ConfigError, check_unit_interval
+
+__all__ = ["load_space", "nominal_train_size", "official_pool", "parse_space"]
+
+
+_TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search", "planner", "alc")
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--space", f"file {str(p)!r} does not exist", "pass an existing YAML file, "
+                          "e.g. search_spaces/digits.yaml")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(str(p), f"malformed YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from e
+    return parse_space(raw, source=str(p))
+
+
+def _section(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a mapping, got {type(value).__name__}", f"write `{key}:` with keys")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}", "unknown key", f"use one of: {', '.join(allowed)}")
+    return dict(value)
+
+
+def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
+    """A validated :class:`SearchSpace` from a YAML mapping (ConfigError naming the key otherwise)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("search space", "the file is not a YAML mapping", "see search_spaces/digits.yaml")
+    unknown = sorted(set(raw) - set(_TOP_KEYS))
+    if unknown:
+        raise ConfigError(unknown[0], "unknown top-level key", f"use only: {', '.join(_TOP_KEYS)}")
+    name = raw.get("name") or (Path(source).stem if source else "space")
+    dataset = _parse_dataset(raw)
+    privacy = _parse_privacy(raw)
+    check_privacy(privacy, public_validation=dataset.public_validation)
+    fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.trial_score_noise)
+    specs.check_augmentation(dataset.name, fixed.augmult, "augmult" in space)
+    planner_raw = _section(raw, "planner", tuple(f.name for f in dataclasses.fields(PlannerSpec)))
+    planner = PlannerSpec(**{k: coerce_value(f"planner.{k}", v, PlannerSpec.__dataclass_fields__[k].type)
+                             for k, v in planner_raw.items()})
+    planner = specs.with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
+    space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
+                            privacy=privacy, source=source, planner=planner, **_parse_search(raw, privacy),
+                            alc=specs.parse_alc(raw.get("alc"), _parse_dataset))
+    check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)
+    return space_obj
+
+
+def _parse_privacy(raw: Mapping[str, Any]) -> PrivacySpec:
+    """``privacy:``. The stopping rule is a name with its settings beside it (``stopping: tnb``, ``mean: 3``,
+    ``eta: 0``: every older file) or a mapping (``stopping: {rule: tnb, mean: 3, eta: 0}``); the rule's own
+    settings (all but ``mean``) go to ``stopping_settings`` and the rule itself checks them (``check_privacy``)."""
+    own = tuple(f.name for f in dataclasses.fields(PrivacySpec) if f.name != "stopping_settings")
+    pr = _section(raw, "privacy", own + tuple(n for n in stopping.setting_names() if n not in own))
+    rule = pr.get("stopping", PrivacySpec.stopping)
+    settings: dict[str, Any] = {}
+    if isinstance(rule, Mapping):
+        rule = dict(rule)
+        if "rule" not in rule:
+            raise ConfigError("privacy.stopping.rule", "a stopping mapping needs the rule's name",
+                              "e.g. stopping: {rule: tnb, mean: 3, eta: 0}")
+        if "mean" in rule and "mean" in pr:
+            raise ConfigError("privacy.mean", "given twice (also in privacy.stopping)", "keep one")
+        pr["stopping"] = rule.pop("rule")
+        pr.update({"mean": rule.pop("mean")} if "mean" in rule else {})
+        settings = {k: coerce_value(f"privacy.stopping.{k}", v, float) for k, v in rule.items()}
+    flat = {k: pr.pop(k) for k in list(pr) if k not in own}
+    if not settings:  # an older file's flat settings; one that is not its rule's was ignored before, and still is
+        names = stopping.rule_info(pr.get("stopping", PrivacySpec.stopping)).settings
+        settings = {k: coerce_value(f"privacy.{k}", v, float) for k, v in flat.items() if k in names}
+    privacy = PrivacySpec(**{k: coerce_value(f"privacy.{k}", v, PrivacySpec.__dataclass_fields__[k].type)
+                             for k, v in pr.items()})
+    return dataclasses.replace(privacy, stopping_settings=tuple(sorted(settings.items())))
+
+
+def _parse_dataset(raw: Mapping[str, Any]) -> DatasetSpec:
+    ds = _section(raw, "dataset", tuple(f.name for f in dataclasses.fields(DatasetSpec)))
+    dataset = DatasetSpec(**{k: coerce_value(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
+                             for k, v in ds.items()})
+    check_dataset(dataset)
+    return dataset
+
+
+def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
+                  ) -> tuple[TrialConfig, dict[str, od.BaseDistribution]]:
+    """The fixed settings with the searched keys at their default values (released when K = 0), and the
+    searched distributions."""
+    model_raw = _section(raw, "model", specs.MODEL_KEYS)
+    for key in INTERNAL_FIELDS:
+        for section in ("fixed", "default"):
+            if isinstance(raw.get(section), Mapping) and key in raw[section]:
+                raise ConfigError(f"{section}.{key}", "is internal to dptune (set per trial from the sealed draw "
+                                  "and the planner), not a setting", f"remove {section}.{key} from the space")
+    fixed_raw = _section(raw, "fixed", tuple(f.name for f in dataclasses.fields(TrialConfig)))
+    if "score_noise" in fixed_raw:
+        raise ConfigError("fixed.score_noise", "score noise is a privacy setting", "set privacy.score_noise")
+    base: dict[str, Any] = dict(fixed_raw)
+    from_model = specs.model_from_section(model_raw)
+    both = sorted(set(from_model) & set(fixed_raw))
+    if both:
+        raise ConfigError(f"fixed.{both[0]}", "is set in the model section too", "set it in one place")
+    base.update(from_model)
+    base["score_noise"] = score_noise
+    space = {k: parse_distribution(f"space.{k}", v) for k, v in _section(raw, "space", SEARCHABLE).items()}
+    overlap = sorted(set(space) & set(fixed_raw))
+    if overlap:
+        raise ConfigError(f"fixed.{overlap[0]}", "is both fixed and searched", "remove it from `fixed` or `space`")
+    default_raw = _section(raw, "default", SEARCHABLE)
+    missing = sorted(set(space) - set(default_raw))
+    if missing:
+        raise ConfigError(f"default.{missing[0]}", "no default value for a searched hyperparameter",
+                          "give the value released when the search draws no trial (K = 0)")
+    fixed = TrialConfig.from_dict({**base, **default_raw}, where="fixed")
+    for k, dist in space.items():
+        if not in_support(dist, getattr(fixed, k)):
+            raise ConfigError(f"default.{k}", f"{getattr(fixed, k)!r} is outside the searched range",
+                              "choose a default inside space." + k)
+    return fixed, space
+
+
+def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any]:
+    search_raw = _section(raw, "search", ("accounting", "searcher", "scheduler", "tune_fraction", "lr_reference_batch",
+                                           "lr_batch_power"))
+    out = {"searcher": search_raw.get("searcher", "random"), "scheduler": search_raw.get("scheduler", "fifo")}
+    for key, allowed in (("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
+        if out[key] not in allowed:
+            raise ConfigError(f"search.{key}", f"unknown {key} {out[key]!r}", f"use one of: {', '.join(allowed)}")
+    check_accounting("search.accounting", search_raw.get("accounting"), privacy.stopping)
+    tune_fraction = coerce_value("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
+    out["tune_fraction"] = check_unit_interval("search.tune_fraction", tune_fraction, "choose e.g. 0.25, or 1 for off",
+                                               include_one=True)
+    ref = search_raw.get("lr_reference_batch")
+    if ref is not None:
+        if isinstance(ref, bool) or not isinstance(ref, int) or ref < 1:
+            raise ConfigError("search.lr_reference_batch", f"{ref!r} is not a batch size",
+                              "give the batch size the searched learning rate is meant at, e.g. 256")
+        out["lr_reference_batch"] = ref
+    if "lr_batch_power" in search_raw:
+        power = search_raw["lr_batch_power"]
+        if ref is None or isinstance(power, bool) or not (isinstance(power, int | float) and math.isfinite(power)
+                                                          and 0 < power <= 2):
+            raise ConfigError("search.lr_batch_power", f"{power!r} scales the lr with batch size only beside "
+                              "search.lr_reference_batch, and only by a power in (0, 2]",
+                              "give search.lr_reference_batch and a power such as 1 (linear) or 0.5, or remove it")
+        out["lr_batch_power"] = power
+    return out
+
+
+def official_pool(spec: DatasetSpec) -> tuple[str, int] | None:
+    """The official split a torchvision dataset's pool is read from and its size (``official``: the train split),
+    e.g. ``("test", 10000)`` for MNIST's test split; None for the other datasets."""
+    sizes = specs.VISION_SIZES.get(spec.name)
+    if sizes is None:
+        return None
+    split = specs.pool_split(spec.split)
+    return split, sizes[1] if split == "test" else sizes[0]
+
+
+def nominal_train_size(spec: DatasetSpec) -> int | None:
+    """Training-split size known without reading the data (digits: 1797 images; the torchvision datasets'
+    official splits, e.g. MNIST's test split: 10,000, or a declared ``pool_size``, less the held-out splits); None
+    for folders and tables."""
+    return specs.nominal_train_size(spec.name, spec.split, spec.validation_size, spec.test_size, spec.pool_size)
