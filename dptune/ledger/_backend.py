@@ -1,0 +1,65 @@
+"""The one interface the ledger talks to: a connection that takes ``?`` placeholders, explicit transactions, a lock
+per budget row, and which errors are worth retrying. Two backends: :mod:`dptune.ledger._sqlite` (the embedded
+default) and :mod:`dptune.ledger._postgres` (a team's server)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from dptune.errors import ConfigError
+from dptune.ledger._location import LedgerLocation
+
+__all__ = ["Backend", "DbCon", "LedgerUnavailable", "backend_for"]
+
+
+class LedgerUnavailable(ConfigError):
+    """The ledger's server could not be reached, or its answer was lost (exit 2; the message names the host,
+    never a password)."""
+
+
+class DbCon:
+    """A connection in the ledger's dialect: ``?`` placeholders, ``insert_id`` for a new row's id."""
+
+    def __init__(self, raw: Any, *, pyformat: bool) -> None:
+        self.raw = raw
+        self._pyformat = pyformat
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        if self._pyformat:  # psycopg: %s; no statement of the ledger holds a literal ? or %
+            sql = sql.replace("?", "%s")
+        return self.raw.execute(sql, tuple(args))
+
+    def insert_id(self, sql: str, args: Sequence[Any]) -> int:
+        if self._pyformat:
+            (row_id,) = self.execute(sql + " RETURNING id", args).fetchone()
+            return int(row_id)
+        cur = self.execute(sql, args)
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class Backend(Protocol):
+    location: LedgerLocation
+    lock: str  # appended to a SELECT of the budget rows a transaction writes under (" FOR UPDATE"; SQLite: "")
+
+    def connect(self, read_only: bool = False) -> DbCon: ...
+
+    def begin(self, con: DbCon, exclusive: bool) -> None: ...
+
+    def retryable(self, e: BaseException) -> bool: ...
+
+    def unavailable(self, e: BaseException) -> LedgerUnavailable | None: ...
+
+
+def backend_for(location: LedgerLocation) -> Backend:
+    if location.is_postgres:
+        from dptune.ledger._postgres import PostgresBackend
+
+        return PostgresBackend(location)
+    from dptune.ledger._sqlite import SqliteBackend
+
+    return SqliteBackend(location)
