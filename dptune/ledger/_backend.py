@@ -28,7 +28,7 @@ class DbCon:
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         if self._pyformat:  # psycopg: %s; no statement of the ledger holds a literal ? or %
             sql = sql.replace("?", "%s")
-        return self.raw.execute(sql, tuple(args))
+        return self.raw.execute(sql, tuple(args) if args else None)
 
     def insert_id(self, sql: str, args: Sequence[Any]) -> int:
         if self._pyformat:

@@ -83,7 +83,7 @@ class Ledger:
         # absolute from here on: what state.json records, what every charge prints, what a resume compares
         self.location = ledger_location(path)
         self.read_only = read_only
-        self._backend: Any = backend_for(self.location)
+        self._backend: Any = cast(Any, backend_for(self.location))
         self._key: bytes | None = None
         if self.location.is_postgres:
             self.key_path = team_key_path(self.location)
