@@ -26,9 +26,10 @@ class DbCon:
         self._pyformat = pyformat
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
-        if self._pyformat:  # psycopg: %s; no statement of the ledger holds a literal ? or %
-            sql = sql.replace("?", "%s")
-        return self.raw.execute(sql, tuple(args) if args else None)
+        if not self._pyformat:
+            return self.raw.execute(sql, tuple(args))
+        # psycopg: %s placeholders (no statement of the ledger holds a literal ?); without arguments, none parsed
+        return self.raw.execute(sql.replace("?", "%s"), tuple(args)) if args else self.raw.execute(sql)
 
     def insert_id(self, sql: str, args: Sequence[Any]) -> int:
         if self._pyformat:
