@@ -19,6 +19,7 @@ SPACE = str(ROOT / "search_spaces" / "digits.yaml")
 
 
 def _curator(tmp_path: Path, name: str) -> dict[str, str]:
+    (tmp_path / name).mkdir()
     env = isolated_env_for(tmp_path / name)  # its own HOME: its key at ~/.config/dptune/keys/<host>-<port>-<db>.key
     env.pop("DPTUNE_LEDGER_KEY", None)
     env["PYTHONPATH"] = str(ROOT)
