@@ -28,7 +28,9 @@ from dptune.ledger import (
     adopt_records,
     budget_key,
     budget_match,
+    grant_curators,
     ledger_location,
+    migrate,
     open_budget,
     same_records_keys,
 )
@@ -98,8 +100,6 @@ def _team_ledger(where: LedgerLocation) -> Ledger:
 
 
 def _setup_team(args: argparse.Namespace) -> int:
-    from dptune.ledger._postgres import grant_curators
-
     where = ledger_location(args.ledger)
     if not where.is_postgres:
         raise ConfigError("--ledger", f"{where} is not a postgresql:// URL", "give the team database's URL")
@@ -120,8 +120,6 @@ def _setup_team(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from dptune.ledger._migrate import migrate
-
     source, to = ledger_location(args.ledger), ledger_location(args.to)
     if source.is_postgres:
         raise ConfigError("--ledger", f"{source} is not a SQLite ledger", "give the ledger file to move")

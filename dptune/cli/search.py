@@ -167,7 +167,7 @@ def resume_command(argv: list[str], name: str) -> str:
     """The exact command that continues this search: the same flags, its --name, and --resume."""
     import shlex
 
-    from dptune.ledger._location import is_url, ledger_location
+    from dptune.ledger import is_url, ledger_location
 
     # a ledger URL is repeated without its password (it comes from ~/.pgpass, PGPASSFILE or PGPASSWORD)
     tokens = [str(ledger_location(t)) if is_url(t) else f"--ledger={ledger_location(t[9:])}"

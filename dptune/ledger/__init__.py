@@ -14,9 +14,11 @@ from dptune.ledger._budgets import (
     open_budget,
     same_records_keys,
 )
-from dptune.ledger._location import LedgerLocation, ledger_location
+from dptune.ledger._location import LedgerLocation, is_url, ledger_location
+from dptune.ledger._migrate import migrate
+from dptune.ledger._postgres import grant_curators
 from dptune.ledger._store import BudgetExceeded, Charge, Ledger, default_ledger_path, event_sha256
 
 __all__ = ["BudgetExceeded", "BudgetMatch", "Charge", "Ledger", "LedgerLocation", "LedgerUnavailable",
            "adopt_identity", "adopt_records", "budget_key", "budget_match", "default_ledger_path", "event_sha256",
-           "ledger_location", "open_budget", "same_records_keys"]
+           "grant_curators", "is_url", "ledger_location", "migrate", "open_budget", "same_records_keys"]

@@ -4,13 +4,24 @@ default) and :mod:`dptune.ledger._postgres` (a team's server)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from dp_accounting import dp_event as de
+
+from dptune.accounting import event_to_json
 from dptune.errors import ConfigError
 from dptune.ledger._location import LedgerLocation
 
-__all__ = ["Backend", "DbCon", "LedgerUnavailable", "backend_for"]
+__all__ = ["Backend", "DbCon", "LedgerUnavailable", "event_sha256"]
+
+
+def event_sha256(event: de.DpEvent) -> str:
+    """Hash of an event's canonical JSON (what a certificate binds to a ledger charge)."""
+    text = json.dumps(event_to_json(event), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class LedgerUnavailable(ConfigError):
@@ -55,12 +66,3 @@ class Backend(Protocol):
 
     def unavailable(self, e: BaseException) -> LedgerUnavailable | None: ...
 
-
-def backend_for(location: LedgerLocation) -> Backend:
-    if location.is_postgres:
-        from dptune.ledger._postgres import PostgresBackend
-
-        return PostgresBackend(location)
-    from dptune.ledger._sqlite import SqliteBackend
-
-    return SqliteBackend(location)

@@ -15,15 +15,15 @@ nothing else: no DELETE, TRUNCATE, other column updates, or DDL (it cannot drop 
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
 from dptune.errors import ConfigError, python_m
 from dptune.ledger._backend import DbCon, LedgerUnavailable
+from dptune.ledger._keys import key_check, read_key, write_key
 from dptune.ledger._location import LedgerLocation, scrub
 
-__all__ = ["CURATOR_ROLE", "PostgresBackend", "grant_curators"]
+__all__ = ["CURATOR_ROLE", "PostgresBackend", "grant_curators", "open_team"]
 
 CURATOR_ROLE = "dptune_curator"
 
@@ -169,5 +169,23 @@ def grant_curators(con: DbCon, role: str = CURATOR_ROLE) -> None:
         raw.execute(sql.SQL(statement).format(r=r))
 
 
-def new_token() -> str:
-    return secrets.token_hex(16)
+def open_team(ledger: Any) -> None:
+    """A team ledger's tables (created by their first opener if this login may), then its key's check value: a new
+    ledger takes its first curator's key (``setup-team`` writes one first)."""
+    backend: PostgresBackend = ledger._backend
+    con = backend.connect()
+    try:
+        if not backend.set_up(con):
+            backend.begin(con, exclusive=True)
+            try:
+                backend.create(con)
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+        if backend.meta(con, "key_check") is None:
+            ledger._no_charges_yet(con)
+            key = read_key(ledger.key_path) if ledger.key_path.exists() else write_key(ledger.key_path)
+            backend.set_meta(con, "key_check", key_check(key))
+    finally:
+        con.close()

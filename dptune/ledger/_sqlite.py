@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dptune.accounting import event_from_json
 from dptune.errors import ConfigError
-from dptune.ledger._backend import DbCon, LedgerUnavailable
+from dptune.ledger._backend import DbCon, LedgerUnavailable, event_sha256
 from dptune.ledger._location import LedgerLocation
 
 __all__ = ["SCHEMA", "SqliteBackend", "private_file"]
@@ -100,8 +100,6 @@ class SqliteBackend:
     @staticmethod
     def create(con: DbCon) -> None:
         """The schema, and an older ledger upgraded in place (inside the caller's exclusive transaction)."""
-        from dptune.ledger._store import event_sha256
-
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 con.execute(statement)

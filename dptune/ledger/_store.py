@@ -36,7 +36,7 @@ from dp_accounting import dp_event as de
 from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budget parameter here
 from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
-from dptune.ledger._backend import DbCon, backend_for
+from dptune.ledger._backend import DbCon, event_sha256
 from dptune.ledger._keys import (
     key_check,
     missing_team_key,
@@ -46,7 +46,8 @@ from dptune.ledger._keys import (
     wrong_team_key,
 )
 from dptune.ledger._location import LedgerLocation, default_ledger_path, ledger_location
-from dptune.ledger._sqlite import private_file
+from dptune.ledger._postgres import PostgresBackend, open_team
+from dptune.ledger._sqlite import SqliteBackend, private_file
 
 __all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_sha256"]
 
@@ -55,12 +56,6 @@ T = TypeVar("T")
 
 class BudgetExceeded(ConfigError):
     """A reservation would exceed the dataset's budget (nothing was stored)."""
-
-
-def event_sha256(event: de.DpEvent) -> str:
-    """Hash of an event's canonical JSON (what a certificate binds to a ledger charge)."""
-    text = json.dumps(event_to_json(event), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -83,12 +78,12 @@ class Ledger:
         # absolute from here on: what state.json records, what every charge prints, what a resume compares
         self.location = ledger_location(path)
         self.read_only = read_only
-        self._backend: Any = cast(Any, backend_for(self.location))
+        self._backend: Any = cast(Any, PostgresBackend if self.location.is_postgres else SqliteBackend)(self.location)
         self._key: bytes | None = None
         if self.location.is_postgres:
             self.key_path = team_key_path(self.location)
             if not read_only:
-                self._open_team()
+                open_team(self)  # tables (if this login may create them), then the team key's check value
             return
         self.key_path = self.location.path.with_name(self.location.path.name + ".key")
         if read_only:
@@ -112,26 +107,6 @@ class Ledger:
     def path(self) -> Path | LedgerLocation:
         """What messages name: the file, or the team ledger's URL without its password."""
         return self.location if self.location.is_postgres else self.location.path
-
-    def _open_team(self) -> None:
-        """Tables (created by their first opener if this login may), then the team key's check value."""
-        con = self._backend.connect()
-        try:
-            if not self._backend.set_up(con):
-                self._backend.begin(con, exclusive=True)
-                try:
-                    self._backend.create(con)
-                except BaseException:
-                    con.execute("ROLLBACK")
-                    raise
-                con.execute("COMMIT")
-            check = self._backend.meta(con, "key_check")
-            if check is None:  # a new team ledger: its first curator's key (setup-team writes one first)
-                self._no_charges_yet(con)
-                key = read_key(self.key_path) if self.key_path.exists() else write_key(self.key_path)
-                self._backend.set_meta(con, "key_check", key_check(key))
-        finally:
-            con.close()
 
     def _no_charges_yet(self, con: DbCon) -> None:
         """A fresh key only for a ledger without charges: a new key would orphan every certificate."""
