@@ -139,9 +139,10 @@ def resume_call(given: Mapping[str, Any], name: str) -> str:
     params = inspect.signature(search).parameters
     space = given["space"]
     first = repr(str(space)) if isinstance(space, str | Path) else "space"
-    from dptune.ledger import ledger_location
+    from dptune.ledger import is_url, ledger_location
 
-    given = {**given, **({"ledger": str(ledger_location(given["ledger"]))} if given.get("ledger") else {})}  # no password
+    if is_url(given.get("ledger")):  # a team ledger's URL, repeated without its password
+        given = {**given, "ledger": str(ledger_location(given["ledger"]))}
     args = [f"{k}={str(v)!r}" if isinstance(v, Path) else f"{k}={v!r}" for k, v in given.items()
             if k not in _NOT_REPEATED and k in params and v != params[k].default]
     call = f"dptune.search({', '.join([first, f'name={name!r}', 'resume=True', *args])})"
