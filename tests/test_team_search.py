@@ -12,8 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dptune.ledger import Ledger
 from tests.conftest import ROOT, digits_seed_with_k, free_port, isolated_env_for, wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.train]  # a real search on Ray, then DP-SGD final training
 
 SPACE = str(ROOT / "search_spaces" / "digits.yaml")
 
