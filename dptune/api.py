@@ -98,14 +98,15 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
            cpus_per_trial: float = 1.0, gpus_per_trial: str = "auto", save_checkpoint: bool = False,
            resume: bool = False, seed: int | None = None, tune_anyway: bool = False) -> SearchResult:
     """Run a private search (charged to ``ledger`` before any trial) and return its release.
-    ``ledger``: default the per-user ledger the CLI uses (:func:`dptune.ledger.default_ledger_path`).
+    ``ledger``: a SQLite file or a ``postgresql://`` URL; default the CLI's (``$DPTUNE_LEDGER``, else
+    :func:`dptune.ledger.default_ledger_path`).
     ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay.
 
     Raises :class:`dptune.ConfigError` before anything is charged for bad input; once charged, a search that is
     interrupted or fails raises ``SearchStopped``: nothing released, the charge reserved, and its message ends
     with the exact call that continues it (``resume=True``)."""
     given = dict(locals())
-    from dptune.ledger import default_ledger_path
+    from dptune.ledger import ledger_location
     from dptune.release import user_config
     from dptune.tuning.driver import SearchRequest, SearchStopped, default_run_name, run_search
     from dptune.tuning.options import RayOptions
@@ -116,7 +117,7 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
                      gpus_per_trial=gpus_per_trial, save_model=save_checkpoint)
     try:
         out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name,
-                                       ledger=Path(ledger or default_ledger_path()).expanduser().resolve(),
+                                       ledger=ledger_location(ledger),
                                        budget_epsilon=budget_epsilon, budget_delta=budget_delta,
                                        resume=resume, seed=seed, ray=ray, tune_anyway=tune_anyway))
     except SearchStopped as e:  # its message ends with this very call, resumed
@@ -138,6 +139,10 @@ def resume_call(given: Mapping[str, Any], name: str) -> str:
     params = inspect.signature(search).parameters
     space = given["space"]
     first = repr(str(space)) if isinstance(space, str | Path) else "space"
+    from dptune.ledger import is_url, ledger_location
+
+    if is_url(given.get("ledger")):  # a team ledger's URL, repeated without its password
+        given = {**given, "ledger": str(ledger_location(given["ledger"]))}
     args = [f"{k}={str(v)!r}" if isinstance(v, Path) else f"{k}={v!r}" for k, v in given.items()
             if k not in _NOT_REPEATED and k in params and v != params[k].default]
     call = f"dptune.search({', '.join([first, f'name={name!r}', 'resume=True', *args])})"

@@ -28,7 +28,7 @@ from dptune.accounting import TrialPoint, calibrate_final
 from dptune.certificate import Certificate, guarantee, verify_binding
 from dptune.config import DatasetSpec, TrialConfig, later_defaults
 from dptune.errors import ConfigError
-from dptune.ledger import Ledger
+from dptune.ledger import Ledger, ledger_location
 from dptune.release import Release, load_release, public_dataset
 from dptune.rundir import RunDir, write_private
 
@@ -119,14 +119,14 @@ def _curator(req: TrainRequest, release: Release) -> _Curator:
         raise ConfigError("--release", f"no sealed search record at {run.state_file}: final training needs the "
                           "search's sealed/ directory and ledger (on the curator's machine)",
                           "point --release at runs/<name>/release beside its sealed/, or pass --run runs/<name>")
-    ledger_path = Path(state["ledger"])
-    if req.ledger is not None and Path(req.ledger).resolve() != ledger_path:
-        raise ConfigError("--ledger", f"the search was charged to {ledger_path}, not {req.ledger}",
+    where, given = ledger_location(state["ledger"]), ledger_location(req.ledger) if req.ledger else None
+    if given is not None and not given.same(where):  # recorded: a team ledger's URL without a password
+        raise ConfigError("--ledger", f"the search was charged to {where}, not {given}",
                           "drop --ledger: final training charges the ledger the search recorded")
-    if not ledger_path.is_file():
-        raise ConfigError("--ledger", f"the search's ledger {str(ledger_path)!r} does not exist",
+    if not where.is_postgres and not where.path.is_file():
+        raise ConfigError("--ledger", f"the search's ledger {str(where)!r} does not exist",
                           "restore it: every charge on this dataset is in it")
-    ledger = Ledger(ledger_path)
+    ledger = Ledger(given or where)  # the same ledger, as given (a URL may carry how to log in)
     # the binding covers every field of the certificate and the files beside it (best_config.yaml, and
     # best_checkpoint.pt when released): another search's config or an edited guarantee is refused here
     charges = verify_binding(release.certificate, ledger, folder=release.path)

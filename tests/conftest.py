@@ -102,6 +102,45 @@ def kill_one_trial_once_checkpointed(proc: subprocess.Popen[str], tune_dir: Path
     return out
 
 
+@pytest.fixture(scope="session")
+def pg() -> Any:
+    """One real PostgreSQL server for the session (tests/pg.py); each test takes a fresh database (``pg_url``).
+    Without the binaries the PostgreSQL tests skip, except under CI, where they fail."""
+    from tests.pg import pg_server
+
+    try:
+        cm = pg_server()
+        server = cm.__enter__()
+    except FileNotFoundError as e:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must run the PostgreSQL ledger tests: {e}")
+        pytest.skip(str(e))
+    try:
+        yield server
+    finally:
+        cm.__exit__(None, None, None)
+
+
+@pytest.fixture
+def pg_url(pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh database on the session's server, as a password-free URL (the password is in PGPASSFILE); its
+    curator key in the test's folder (``DPTUNE_LEDGER_KEY``), not in the real home."""
+    monkeypatch.setenv("DPTUNE_LEDGER_KEY", str(tmp_path / "team.key"))
+    name = pg.new_database()
+    try:
+        yield pg.url(name)
+    finally:
+        pg.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a ledger test's ledger lives: a SQLite file, or a fresh PostgreSQL database (the same test on both)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "l.sqlite")
+    return str(request.getfixturevalue("pg_url"))
+
+
 # Markers from what a test uses (make test-fast = -m "not slow and not gpu and not ray and not train"): a CLI
 # subprocess environment (isolated HOME for Ray's token) means Ray; the real digits data means a DP-SGD run.
 _RAY_FIXTURES = frozenset({"isolated_env"})

@@ -1,4 +1,5 @@
-"""The ledger: durable reservations, RDP totals, refusals that store nothing, concurrent writers."""
+"""The ledger: durable reservations, RDP totals, refusals that store nothing, concurrent writers. The core tests run on
+both backends (``ledger_at``: a SQLite file, and a fresh database on a real PostgreSQL server, tests/pg.py)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def search_event(sigma: float = 1.2) -> de.DpEvent:
     return de.RepeatAndSelectDpEvent(A.trial_event(noise_multiplier=sigma, sampling_rate=0.1, steps=150, score_noise=6.0), 3.0, math.inf)
 
 
-def test_reserve_commit_and_totals_compose(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.sqlite")
+def test_reserve_commit_and_totals_compose(ledger_at: str) -> None:
+    led = Ledger(ledger_at)
     led.set_budget(FP, 50.0, DELTA)
     a = led.reserve(FP, "s1", search_event())
     b = led.reserve(FP, "s2", search_event(2.0))
@@ -45,8 +46,8 @@ def test_reserve_commit_and_totals_compose(tmp_path: Path) -> None:
         led.commit(b)
 
 
-def test_over_budget_is_refused_and_stores_nothing(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.sqlite")
+def test_over_budget_is_refused_and_stores_nothing(ledger_at: str) -> None:
+    led = Ledger(ledger_at)
     led.set_budget(FP, 10.0, DELTA)
     led.reserve(FP, "ok", search_event(2.0))
     before = led.charges(FP)
@@ -56,15 +57,15 @@ def test_over_budget_is_refused_and_stores_nothing(tmp_path: Path) -> None:
     assert led.charges(FP) == before
 
 
-def test_no_budget_is_refused(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.sqlite")
+def test_no_budget_is_refused(ledger_at: str) -> None:
+    led = Ledger(ledger_at)
     with pytest.raises(Exception, match="no privacy budget"):
         led.reserve(FP, "x", search_event())
     assert led.charges() == []
 
 
-def test_reservation_survives_sigkill(tmp_path: Path) -> None:
-    path = tmp_path / "l.sqlite"
+def test_reservation_survives_sigkill(ledger_at: str) -> None:
+    path = ledger_at
     Ledger(path).set_budget(FP, 50.0, DELTA)
     code = textwrap.dedent(f"""
         import math, os, signal, sys
@@ -97,8 +98,8 @@ def _reserve_many(path: str, worker: int, n: int, out: mp.Queue) -> None:
     out.put((ok, refused))
 
 
-def test_concurrent_writers_lose_nothing_and_never_overspend(tmp_path: Path) -> None:
-    path = tmp_path / "l.sqlite"
+def test_concurrent_writers_lose_nothing_and_never_overspend(ledger_at: str) -> None:
+    path = ledger_at
     led = Ledger(path)
     one = A.epsilon([search_event(1.5)], DELTA)
     led.set_budget(FP, 4.5 * one, DELTA)  # fits some but not all of the 2 x 8 attempts
@@ -118,8 +119,8 @@ def test_concurrent_writers_lose_nothing_and_never_overspend(tmp_path: Path) -> 
     assert len({c.name for c in led.charges(FP)}) == ok
 
 
-def test_ledger_cli(tmp_path: Path) -> None:
-    path = tmp_path / "l.sqlite"
+def test_ledger_cli(ledger_at: str, tmp_path: Path) -> None:
+    path = ledger_at
     Ledger(path).set_budget(FP, 4.0, 1e-5, label="digits")
     dataset_id = Ledger(path).dataset_id(FP)
     env = {**os.environ}
@@ -136,10 +137,10 @@ def test_ledger_cli(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--ledger" in r.stderr
 
 
-def test_set_budget_of_an_id_that_names_no_budget_is_refused(tmp_path: Path) -> None:
+def test_set_budget_of_an_id_that_names_no_budget_is_refused(ledger_at: str) -> None:
     """Issue 22 item 23: `set-budget` with the id `ledger show` prints changes that budget; an id that names
     no budget is refused (exit 2) instead of opening a phantom budget beside the real one."""
-    path = tmp_path / "l.sqlite"
+    path = ledger_at
     led = Ledger(path)
     led.set_budget(FP, 4.0, 1e-5, label="digits")
     dataset_id = led.dataset_id(FP)
@@ -155,13 +156,13 @@ def test_set_budget_of_an_id_that_names_no_budget_is_refused(tmp_path: Path) -> 
     assert led.budget(FP) == (6.0, 1e-5) and len(led.fingerprints()) == 1  # nothing opened, nothing changed
 
 
-def test_budget_delta_at_or_above_one_over_n_is_refused(tmp_path: Path) -> None:
+def test_budget_delta_at_or_above_one_over_n_is_refused(ledger_at: str) -> None:
     """Issue 22 item 4: a budget's δ obeys the per-search rule δ < 1/n (and 0 < δ < 1): `--budget-delta 0.5`
     is refused, and a budget stored with such a δ refuses every charge; under a proper δ three searches that
     compose (RDP) above the budget are refused at the first one that would exceed it."""
     from dptune.errors import ConfigError
 
-    led = Ledger(tmp_path / "l.sqlite")
+    led = Ledger(ledger_at)
     for bad in (0.5, 1e-3, 1.0, 0.0, -1e-5):
         with pytest.raises(ConfigError, match="--delta"):
             led.set_budget(FP, 3.0, bad, n=1797)
@@ -182,11 +183,11 @@ def test_budget_delta_at_or_above_one_over_n_is_refused(tmp_path: Path) -> None:
     assert led.spent(FP) < 3.0 < A.epsilon([search_event(5.0)] * 3, 1e-5)
 
 
-def test_ledger_show_and_errors_never_print_the_fingerprint(tmp_path: Path) -> None:
+def test_ledger_show_and_errors_never_print_the_fingerprint(ledger_at: str) -> None:
     """Issue 22 item 6: the data's fingerprint stays inside the ledger: `show` (text and --json) and the
     over-budget error name the random dataset id and a label, never the fingerprint or any piece of it."""
     fp = hashlib.sha256(b"the data").hexdigest()
-    path = tmp_path / "l.sqlite"
+    path = ledger_at
     led = Ledger(path)
     led.set_budget(fp, 5.0, DELTA, label="digits")
     led.reserve(fp, "s1", search_event(2.0))
@@ -373,11 +374,11 @@ def test_default_ledger_is_one_absolute_per_user_file_printed_on_every_charge(tm
     assert inspect.signature(api.search).parameters["ledger"].default is None  # None = default_ledger_path()
 
 
-def test_reservation_on_several_budgets_is_all_or_none_and_closes_together(tmp_path: Path) -> None:
+def test_reservation_on_several_budgets_is_all_or_none_and_closes_together(ledger_at: str) -> None:
     """Issue 22 item 2: data overlapping two budgets is charged to both in one transaction: refused on one,
     stored on neither; the first charge is the one returned, and closing it closes the other."""
     a, b = "a" * 64, "b" * 64
-    led = Ledger(tmp_path / "l.sqlite")
+    led = Ledger(ledger_at)
     led.set_budget(a, 50.0, DELTA)
     led.set_budget(b, 1.0, DELTA)
     with pytest.raises(BudgetExceeded, match="over its budget"):

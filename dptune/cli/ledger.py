@@ -6,24 +6,31 @@ budget and those whose records the data holds (by content, and record ids within
 budget; searches are charged to those too (not to a budget whose ids alone it shares: the curator declared it other
 data). ``adopt --space S --dataset-id ID`` is the curator's word that the space's dataset holds budget ID's records
 (a copy changed beyond the content signatures, e.g. a feature column added): the budget takes its signatures, and
-its searches are charged to it. ``set-budget --dataset-id`` changes an existing budget only."""
+its searches are charged to it. ``set-budget --dataset-id`` changes an existing budget only.
+
+``--ledger`` is a SQLite file or a team's ``postgresql://`` URL (default: ``$DPTUNE_LEDGER``, else the per-user file).
+``setup-team --ledger URL`` (the database's owner, once) creates the team ledger's tables, its append-only trigger, the
+``dptune_curator`` role and the team's curator key file; ``migrate --ledger FILE --to URL`` copies a SQLite ledger
+into it (docs/operations.md, "A team ledger")."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from dptune.cli._common import run_cli
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
 from dptune.ledger import (
     Ledger,
+    LedgerLocation,
     adopt_records,
     budget_key,
     budget_match,
-    default_ledger_path,
+    grant_curators,
+    ledger_location,
+    migrate,
     open_budget,
     same_records_keys,
 )
@@ -33,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dptune.cli.ledger", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="budgets and charges")
-    show.add_argument("--ledger", help="default: the per-user ledger searches use")
+    show.add_argument("--ledger", help="a file or postgresql:// URL (default: the ledger searches use)")
     show.add_argument("--json", action="store_true")
     sb = sub.add_parser("set-budget", help="set a dataset's (ε, δ) budget")
     sb.add_argument("--ledger", help="default: the per-user ledger searches use")
@@ -52,20 +59,81 @@ def _parser() -> argparse.ArgumentParser:
     ad.add_argument("--ledger", help="default: the per-user ledger searches use")
     ad.add_argument("--space", required=True, help="the search space whose dataset holds the budget's records")
     ad.add_argument("--dataset-id", required=True, help="the budget's id, as `show` and the search's refusal print it")
+    st = sub.add_parser("setup-team", help="create a team ledger on PostgreSQL: tables, curator role, team key")
+    st.add_argument("--ledger", required=True, help="postgresql://OWNER@HOST:PORT/DB (the database's owner)")
+    st.add_argument("--role", default="dptune_curator", help="the group role curators' logins are granted")
+    mg = sub.add_parser("migrate", help="copy a SQLite ledger (budgets, charges, ids, key) into a team ledger")
+    mg.add_argument("--ledger", help="the SQLite ledger (default: the per-user file)")
+    mg.add_argument("--to", required=True, help="the team ledger: postgresql://USER@HOST:PORT/DB")
     return parser
 
 
-def _reader(path: Path) -> Ledger:
+def _reader(path: LedgerLocation) -> Ledger:
     """The ledger for reading: opened as usual (upgrading an older schema), or read-only when its folder or
-    file cannot be written (SQLite would need to create its -wal/-shm files beside it)."""
+    file cannot be written (SQLite would need to create its -wal/-shm files beside it). A team ledger is only
+    read (it needs no key to be shown)."""
     import sqlite3
 
+    if path.is_postgres:
+        return _team_ledger(path)
     try:
         ledger = Ledger(path)
         ledger.fingerprints()
         return ledger
     except (sqlite3.OperationalError, PermissionError):
         return Ledger(path, read_only=True)
+
+
+def _team_ledger(where: LedgerLocation) -> Ledger:
+    """An existing team ledger, opened without setting anything up (a typo'd database is an error)."""
+    ledger = Ledger(where, read_only=True)
+    con = ledger._connect()
+    try:
+        ready = ledger._backend.set_up(con)
+    finally:
+        con.close()
+    if not ready:
+        raise ConfigError("--ledger", f"{where} holds no dptune ledger",
+                          f"set it up with `{python_m('dptune.cli.ledger')} setup-team --ledger {where}`, or give the "
+                          "team ledger's URL")
+    return ledger
+
+
+def _setup_team(args: argparse.Namespace) -> int:
+    where = ledger_location(args.ledger)
+    if not where.is_postgres:
+        raise ConfigError("--ledger", f"{where} is not a postgresql:// URL", "give the team database's URL")
+    ledger = Ledger(where)  # tables, trigger, and the team key (written here unless DPTUNE_LEDGER_KEY names one)
+    ledger.key()
+    con = ledger._connect()
+    try:
+        grant_curators(con, args.role)
+    finally:
+        con.close()
+    print(f"ledger: {ledger.path}")
+    print(f"  tables, the append-only trigger and the role {args.role!r} are set up; grant it to each curator's "
+          f"login: GRANT {args.role} TO alice;")
+    print(f"  the team's curator key: {ledger.key_path} (0600). Give each curator a copy as you give credentials "
+          "(never through the database, a repository or a chat log); they keep it at the same default path or "
+          "point DPTUNE_LEDGER_KEY at it")
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    source, to = ledger_location(args.ledger), ledger_location(args.to)
+    if source.is_postgres:
+        raise ConfigError("--ledger", f"{source} is not a SQLite ledger", "give the ledger file to move")
+    out = migrate(source, to)
+    print(f"ledger: {source} -> {to} (the file is left as it was)")
+    print(f"  copied {out.budgets} budgets and {out.charges} charges; {out.already} were there already")
+    for name, (a, b) in sorted(out.totals.items()):
+        print(f"  {name}: spent ε = {a:.6g} in the file, {b:.6g} in the team ledger")
+    if any(abs(a - b) > 1e-9 * max(1.0, a) for a, b in out.totals.values()):
+        print("error: the totals differ", file=sys.stderr)
+        return 1
+    print(f"  from now on search with --ledger {to} (or DPTUNE_LEDGER); retire the file: its searches' final training "
+          "still charges it")
+    return 0
 
 
 def _show(ledger: Ledger) -> list[dict[str, Any]]:
@@ -81,7 +149,7 @@ def _show(ledger: Ledger) -> list[dict[str, Any]]:
     return out
 
 
-def _new_budget(args: argparse.Namespace, path: Path) -> int:
+def _new_budget(args: argparse.Namespace, path: LedgerLocation) -> int:
     from dptune.config import load_space
     from dptune.data import load_dataset
 
@@ -118,11 +186,11 @@ def _new_budget(args: argparse.Namespace, path: Path) -> int:
     return 0
 
 
-def _adopt(args: argparse.Namespace, path: Path) -> int:
+def _adopt(args: argparse.Namespace, path: LedgerLocation) -> int:
     from dptune.config import load_space
     from dptune.data import load_dataset
 
-    if not path.is_file():
+    if not path.is_postgres and not path.path.is_file():
         raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
     ledger = Ledger(path)
     key = ledger.budget_key(args.dataset_id)  # refuses an id that names no budget
@@ -137,13 +205,19 @@ def _adopt(args: argparse.Namespace, path: Path) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    path = Path(args.ledger).expanduser() if args.ledger else default_ledger_path()
+    if args.command == "setup-team":
+        return _setup_team(args)
+    if args.command == "migrate":
+        return _migrate(args)
+    path = ledger_location(args.ledger)
     if args.command == "new-budget":
         return _new_budget(args, path)
     if args.command == "adopt":
         return _adopt(args, path)
-    if not path.is_file():  # Ledger() would create it: a typo must be an error, not an empty ledger
+    if not path.is_postgres and not path.path.is_file():  # Ledger() would create it: a typo must be an error
         raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
+    if path.is_postgres:
+        _team_ledger(path)
     ledger = _reader(path) if args.command == "show" else Ledger(path)
     print(f"ledger: {ledger.path}", file=sys.stderr)
     if args.command == "set-budget":

@@ -94,11 +94,13 @@ def _load(args: argparse.Namespace) -> RunData:
     if not ledger_path:
         raise ConfigError("--ledger", "not given, and sealed/state.json records no ledger",
                           "pass --ledger FILE (the --ledger the search used)")
+    from dptune.ledger import ledger_location
+
     # Ledger() would create a missing file: a typo must be an error, not an empty report.
-    if not Path(ledger_path).is_file():
+    if not ledger_location(ledger_path).is_postgres and not Path(ledger_path).is_file():
         raise ConfigError("--ledger", f"{str(ledger_path)!r} does not exist", "pass the --ledger the search used")
     try:
-        ledger = Ledger(ledger_path)
+        ledger = Ledger(ledger_path, read_only=ledger_location(ledger_path).is_postgres)
         ledger.fingerprints()
     except sqlite3.DatabaseError as e:
         raise ConfigError("--ledger", f"{str(ledger_path)!r} is not a dptune ledger ({e})",

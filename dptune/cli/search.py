@@ -28,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--space", required=True, help="search-space YAML, e.g. search_spaces/digits.yaml")
     p.add_argument("--name", help="run name (default: <space>-<random>); outputs go to <runs-dir>/<name>")
     p.add_argument("--runs-dir", default="runs")
-    p.add_argument("--ledger", help="privacy ledger (SQLite; default: the per-user "
-                   "$XDG_DATA_HOME/dptune/ledger.sqlite or ~/.local/share/dptune/ledger.sqlite)")
+    p.add_argument("--ledger", help="privacy ledger: a SQLite file or a team's postgresql://USER@HOST:PORT/DB (password "
+                   "from ~/.pgpass or PGPASSFILE; never printed); default: $DPTUNE_LEDGER, else the per-user "
+                   "$XDG_DATA_HOME/dptune/ledger.sqlite or ~/.local/share/dptune/ledger.sqlite")
     p.add_argument("--budget-epsilon", type=float, help="set the dataset's budget if it has none yet")
     p.add_argument("--budget-delta", type=float, help="δ of that budget (default: the space's δ)")
     p.add_argument("--accounting", choices=list(ACCOUNTING_MODES),
@@ -150,10 +151,10 @@ def _request(args: argparse.Namespace) -> SearchRequest:
                          show_trials=args.show_trials, ray=ray, tune_anyway=args.tune_anyway)
 
 
-def _ledger_path(given: str | None) -> Path:
-    from dptune.ledger import default_ledger_path
+def _ledger_path(given: str | None) -> Any:
+    from dptune.ledger import ledger_location
 
-    return (Path(given).expanduser() if given else default_ledger_path()).resolve()
+    return ledger_location(given)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +167,11 @@ def resume_command(argv: list[str], name: str) -> str:
     """The exact command that continues this search: the same flags, its --name, and --resume."""
     import shlex
 
-    tokens = [t for t in argv if t != "--resume"]
+    from dptune.ledger import is_url, ledger_location
+
+    # a ledger URL is repeated without its password (it comes from ~/.pgpass, PGPASSFILE or PGPASSWORD)
+    tokens = [str(ledger_location(t)) if is_url(t) else f"--ledger={ledger_location(t[9:])}"
+              if t.startswith("--ledger=") and is_url(t[9:]) else t for t in argv if t != "--resume"]
     if not any(t == "--name" or t.startswith("--name=") for t in tokens):
         tokens += ["--name", name]
     return python_m("dptune.search") + " " + shlex.join([*tokens, "--resume"])

@@ -39,7 +39,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from dptune.ledger._store import Ledger
 
@@ -87,7 +87,7 @@ def record_ids(data: Records) -> list[str]:
 
 
 def _key(ledger: Ledger) -> bytes:
-    return bytes.fromhex(ledger.key_path.read_text().strip())
+    return ledger.key()
 
 
 def record_id_digests(ledger: Ledger, ids: Iterable[str]) -> list[bytes]:
@@ -164,25 +164,28 @@ def _legacy_content(budget: str, fingerprint: str, digest_blob: bytes | None, id
 def adopt_identity(ledger: Ledger, key: str, data: Records) -> None:
     """A budget opened by an older dptune, matched as it was then, takes ``data``'s content signatures and record
     ids: from then on its copies are known by content, and its ids namespaced by it."""
-    with ledger._write() as con:
-        con.execute("UPDATE budgets SET content=COALESCE(content, ?), ids=COALESCE(ids, ?), "
-                    "records=COALESCE(records, ?) WHERE fingerprint=?",
-                    (_content_blob(ledger, data), b"".join(record_id_digests(ledger, record_ids(data))),
-                     len(data.content_signatures()), key))
+    args = (_content_blob(ledger, data), b"".join(record_id_digests(ledger, record_ids(data))),
+            len(data.content_signatures()), key)
+    ledger._transact(lambda con: con.execute("UPDATE budgets SET content=COALESCE(content, ?), ids=COALESCE(ids, ?), "
+                                             "records=COALESCE(records, ?) WHERE fingerprint=?", args))
 
 
 def adopt_records(ledger: Ledger, key: str, data: Records) -> None:
     """The curator's word that ``data`` holds the records of budget ``key`` (``python -m dptune.cli.ledger adopt``): the
     budget takes the data's content signatures and record ids besides its own (its record count is unchanged), so
     the data, and copies of it, are charged to it from then on."""
-    with ledger._write() as con:
-        row = con.execute("SELECT content, ids FROM budgets WHERE fingerprint=?", (key,)).fetchone()
-        content = _chunks(row[0], ID_BYTES) if row[0] is not None else set()
-        ids = _chunks(row[1], ID_BYTES) if row[1] is not None else set()
-        content |= _chunks(_content_blob(ledger, data), ID_BYTES)
-        ids |= set(record_id_digests(ledger, record_ids(data)))
+    theirs_content = _chunks(_content_blob(ledger, data), ID_BYTES)
+    theirs_ids = set(record_id_digests(ledger, record_ids(data)))
+
+    def body(con: Any) -> None:
+        row = con.execute("SELECT content, ids FROM budgets WHERE fingerprint=?" + ledger._backend.lock,
+                          (key,)).fetchone()
+        content = (_chunks(row[0], ID_BYTES) if row[0] is not None else set()) | theirs_content
+        ids = (_chunks(row[1], ID_BYTES) if row[1] is not None else set()) | theirs_ids
         con.execute("UPDATE budgets SET content=?, ids=?, records=COALESCE(records, ?) WHERE fingerprint=?",
                     (b"".join(sorted(content)), b"".join(sorted(ids)), len(data.content_signatures()), key))
+
+    ledger._transact(body)
 
 
 def budget_match(ledger: Ledger, data: Records, fingerprint: str) -> BudgetMatch:

@@ -1,10 +1,12 @@
 """Privacy ledger: per-dataset budgets and every charge, durable before any trial touches data.
 
-One SQLite file (mode 0600) and a curator key beside it (``<ledger>.key``, 0600). A charge is stored as a
-serialized DpEvent; totals compose the events with the charged accountant (never add ε). ``reserve`` commits before it returns;
-``commit``/``abort`` close a reservation; an unclosed reservation still counts (a crashed search has spent
-its budget). Writers serialize on SQLite's write lock (BEGIN IMMEDIATE): concurrent reservations can
-neither be lost nor overspend; schema and key set-up is one BEGIN EXCLUSIVE. What is public and what is not:
+One ledger, two backends (:mod:`dptune.ledger._backend`): a SQLite file (mode 0600) with a curator key beside it
+(``<ledger>.key``, 0600), the per-user default; or a team's PostgreSQL database (``--ledger postgresql://…``,
+:mod:`dptune.ledger._postgres`) with the key a file each curator holds (:mod:`dptune.ledger._keys`). A charge is
+stored as a serialized DpEvent; totals compose the events with the charged accountant (never add ε). ``reserve``
+commits before it returns; ``commit``/``abort`` close a reservation; an unclosed reservation still counts (a crashed
+search has spent its budget). A writer holds the lock of every budget it charges (SQLite's one write lock; a row lock
+per budget on PostgreSQL): concurrent reservations can neither be lost nor overspend. What is public and what is not:
 
 * a budget's key, a dataset's **fingerprint** (a hash of every example), its keyed **content signatures** and
   **record-id digests** (:mod:`dptune.ledger._budgets`; older budgets: **per-example digests**) stay here: whoever knows all records but one
@@ -21,54 +23,39 @@ import hashlib
 import hmac
 import json
 import math
-import os
 import secrets
-import sqlite3
-import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from dp_accounting import dp_event as de
 
 from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budget parameter here
 from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
+from dptune.ledger._backend import DbCon, event_sha256
+from dptune.ledger._keys import (
+    key_check,
+    missing_team_key,
+    read_key,
+    team_key_path,
+    write_key,
+    wrong_team_key,
+)
+from dptune.ledger._location import LedgerLocation, default_ledger_path, ledger_location
+from dptune.ledger._postgres import PostgresBackend, open_team
+from dptune.ledger._sqlite import SqliteBackend, private_file
 
 __all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_sha256"]
 
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS budgets (fingerprint TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL,
-    label TEXT, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY AUTOINCREMENT, fingerprint TEXT NOT NULL,
-    name TEXT NOT NULL, event TEXT NOT NULL, epsilon REAL NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'aborted')), created REAL NOT NULL, closed REAL);
-"""
-# columns added after the first release of the schema (older ledgers are upgraded in place)
-_ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER"), ("ids", "BLOB"),
-                      ("content", "BLOB")),
-          "charges": (("token", "TEXT"), ("event_sha256", "TEXT"), ("group_id", "INTEGER"))}
-
-
-def default_ledger_path() -> Path:
-    """The per-user ledger of every CLI and the API, absolute whatever the working directory (a relative one let
-    a search started elsewhere open a fresh budget): ``$XDG_DATA_HOME`` if absolute, else ``~/.local/share``."""
-    xdg = os.environ.get("XDG_DATA_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
-    return base / "dptune" / "ledger.sqlite"
+T = TypeVar("T")
 
 
 class BudgetExceeded(ConfigError):
     """A reservation would exceed the dataset's budget (nothing was stored)."""
-
-
-def event_sha256(event: de.DpEvent) -> str:
-    """Hash of an event's canonical JSON (what a certificate binds to a ledger charge)."""
-    text = json.dumps(event_to_json(event), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -83,130 +70,123 @@ class Charge:
     token: str  # public, random: what certificates name
 
 
-def _private_file(path: Path, create: bool) -> None:
-    """Owner-only (0600) from the first byte; an existing file is tightened to 0600."""
-    if create and not path.exists():
-        with suppress(FileExistsError):  # another process created it first
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    if path.exists() and stat.S_IMODE(path.stat().st_mode) != 0o600:
-        os.chmod(path, 0o600)
-
-
 class Ledger:
-    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
-        """``read_only``: only read (e.g. ``ledger show`` of a ledger in a read-only folder or on a read-only
-        mount): nothing is created, tightened or upgraded; SQLite opens the file immutable (no -wal/-shm)."""
+    def __init__(self, path: str | Path | LedgerLocation | None = None, *, read_only: bool = False) -> None:
+        """``path``: a SQLite file or a ``postgresql://`` URL (:func:`dptune.ledger.ledger_location`; None: the
+        default). ``read_only``: only read (e.g. ``ledger show`` of a ledger in a read-only folder or on a
+        read-only mount): nothing is created, tightened or upgraded; SQLite opens the file immutable."""
         # absolute from here on: what state.json records, what every charge prints, what a resume compares
-        self.path = Path(path if path is not None else default_ledger_path()).expanduser().resolve()
+        self.location = ledger_location(path)
         self.read_only = read_only
-        if self.path.exists() and self.path.is_dir():
-            raise ConfigError("--ledger", f"{str(self.path)!r} is a directory", "give a file path, e.g. ~/.local/share/dptune/ledger.sqlite")
-        self.key_path = self.path.with_name(self.path.name + ".key")
-        if read_only:
+        self._backend: Any = cast(Any, PostgresBackend if self.location.is_postgres else SqliteBackend)(self.location)
+        self._key: bytes | None = None
+        if self.location.is_postgres:
+            self.key_path = team_key_path(self.location)
+            if not read_only:
+                open_team(self)  # tables (if this login may create them), then the team key's check value
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
+        self.key_path = self.location.path.with_name(self.location.path.name + ".key")
+        if read_only:
+            if self.location.path.is_dir():
+                self._backend.prepare()  # its message
+            return
+        self._backend.prepare()
         # schema, upgrades and the key under one exclusive lock: two processes opening a new ledger at once
         # would otherwise both add the same column (or both write a key); a set-up ledger is only read
-        if self.key_path.exists() and self._set_up():
-            _private_file(self.key_path, create=False)
+        if self.key_path.exists() and self._backend.set_up():
+            private_file(self.key_path, create=False)
             return
         with self._write(exclusive=True) as con:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    con.execute(statement)
-            self._upgrade(con)
+            self._backend.create(con)
             if not self.key_path.exists():
-                self._new_key(con)
-        _private_file(self.key_path, create=False)
+                self._no_charges_yet(con)
+                write_key(self.key_path)
+        private_file(self.key_path, create=False)
 
-    def _new_key(self, con: sqlite3.Connection) -> None:
-        """A fresh 256-bit key, only for a ledger without charges: a new key would orphan every certificate."""
+    @property
+    def path(self) -> Path | LedgerLocation:
+        """What messages name: the file, or the team ledger's URL without its password."""
+        return self.location if self.location.is_postgres else self.location.path
+
+    def _no_charges_yet(self, con: DbCon) -> None:
+        """A fresh key only for a ledger without charges: a new key would orphan every certificate."""
         (n,) = con.execute("SELECT COUNT(*) FROM charges").fetchone()
         if n:
             raise ConfigError("--ledger", f"the curator key {str(self.key_path)!r} is missing, but the ledger holds "
                               f"{n} charges whose certificates it authenticates",
                               f"restore {self.key_path.name} from your backup beside the ledger (a new key would "
                               "invalidate every certificate); nothing was changed")
-        tmp = self.key_path.with_name(f"{self.key_path.name}.{secrets.token_hex(8)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))  # 256-bit curator key for certificate MACs
-                f.flush()
-                os.fsync(f.fileno())
-            os.link(tmp, self.key_path)  # appears complete or not at all
-        finally:
-            tmp.unlink(missing_ok=True)
 
-    def _set_up(self) -> bool:  # every table and column of the current schema is there (read only)
-        con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        try:
-            for table in ("budgets", "charges"):
-                have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
-                if not have or any(name not in have for name, _ in _ADDED[table]):
-                    return False
-            return True
-        finally:
-            con.close()
+    def key(self) -> bytes:
+        """The curator key (a team ledger's: checked against the database's check value on first use)."""
+        if self._key is None:
+            if self.location.is_postgres:
+                check = self._read("SELECT value FROM dptune_meta WHERE name='key_check'")
+                if not self.key_path.exists():
+                    raise missing_team_key(self.location, self.key_path)
+                key = read_key(self.key_path)
+                if check and not hmac.compare_digest(str(check[0][0]), key_check(key)):
+                    raise wrong_team_key(self.location, self.key_path)
+            else:
+                key = read_key(self.key_path)
+            self._key = key
+        return self._key
 
-    @staticmethod
-    def _upgrade(con: sqlite3.Connection) -> None:
-        for table, cols in _ADDED.items():
-            have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
-            for name, typ in cols:
-                if name not in have:
-                    con.execute(f"ALTER TABLE {table} ADD COLUMN {name} {typ}")
-        for (fp,) in con.execute("SELECT fingerprint FROM budgets WHERE dataset_id IS NULL").fetchall():
-            con.execute("UPDATE budgets SET dataset_id=? WHERE fingerprint=?", (secrets.token_hex(16), fp))
-        for (cid, text) in con.execute("SELECT id, event FROM charges WHERE token IS NULL").fetchall():
-            con.execute("UPDATE charges SET token=?, event_sha256=? WHERE id=?",
-                        (secrets.token_hex(16), event_sha256(event_from_json(json.loads(text))), cid))
-
-    def _connect(self) -> sqlite3.Connection:
-        if self.read_only:  # every writer closed cleanly has checkpointed its WAL into the file
-            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
-                                   isolation_level=None)
-        con = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        deadline = time.monotonic() + 60
-        while True:  # switching a new file to WAL answers "locked" at once (no busy wait) while another holds it
-            try:
-                con.execute("PRAGMA journal_mode=WAL")
-                break
-            except sqlite3.OperationalError as e:
-                if "locked" not in str(e) or time.monotonic() > deadline:
-                    con.close()
-                    raise
-                time.sleep(0.01 + 0.04 * secrets.randbelow(100) / 100)
-        con.execute("PRAGMA synchronous=FULL")  # durable at COMMIT: a reservation survives a crash
-        return con
+    def _connect(self) -> DbCon:
+        return cast(DbCon, self._backend.connect(read_only=self.read_only))
 
     @contextmanager
-    def _write(self, exclusive: bool = False) -> Iterator[sqlite3.Connection]:
+    def _write(self, exclusive: bool = False) -> Iterator[DbCon]:
         con = self._connect()
         try:
-            con.execute("BEGIN EXCLUSIVE" if exclusive else "BEGIN IMMEDIATE")
+            self._backend.begin(con, exclusive)
             try:
                 yield con
             except BaseException:
-                con.execute("ROLLBACK")
+                with suppress(Exception):  # a lost connection has rolled back already
+                    con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
+        except Exception as e:
+            lost = self._backend.unavailable(e)
+            if lost is not None:
+                raise lost from None
+            raise
         finally:
-            con.close()
+            with suppress(Exception):
+                con.close()
+
+    def _transact(self, body: Callable[[DbCon], T]) -> T:
+        """``body`` in one write transaction, retried from the start on a serialization failure or deadlock
+        (PostgreSQL: each try rolled back whole)."""
+        for attempt in range(50):
+            try:
+                with self._write() as con:
+                    return body(con)
+            except Exception as e:
+                if not self._backend.retryable(e) or attempt == 49:
+                    raise
+                time.sleep(min(0.5, 0.005 * 2 ** min(attempt, 7)) * (0.5 + secrets.randbelow(1000) / 1000))
+        raise AssertionError("unreachable")
 
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
         con = self._connect()
         try:
-            return con.execute(query, args).fetchall()
+            return list(con.execute(query, args).fetchall())
+        except Exception as e:
+            lost = self._backend.unavailable(e)
+            if lost is not None:
+                raise lost from None
+            raise
         finally:
-            con.close()
+            with suppress(Exception):
+                con.close()
 
     # --- certificate authentication ------------------------------------------------------------------
 
     def mac(self, message: bytes) -> str:
         """HMAC-SHA256 of ``message`` under the curator key (the key never leaves this object)."""
-        return hmac.new(bytes.fromhex(self.key_path.read_text().strip()), message, hashlib.sha256).hexdigest()
+        return hmac.new(self.key(), message, hashlib.sha256).hexdigest()
 
     def verify_mac(self, message: bytes, mac: str) -> bool:
         return hmac.compare_digest(self.mac(message), str(mac))
@@ -222,8 +202,9 @@ class Ledger:
         n = n if n is not None else (len(digests) if digests is not None else None)
         blob = b"".join(sorted(digests)) if digests is not None else None
         id_blob = b"".join(sorted(ids)) if ids is not None else None
-        with self._write() as con:
-            row = con.execute("SELECT records FROM budgets WHERE fingerprint=?", (fingerprint,)).fetchone()
+        def body(con: DbCon) -> None:
+            row = con.execute("SELECT records FROM budgets WHERE fingerprint=?" + self._backend.lock,
+                              (fingerprint,)).fetchone()
             _check_budget(epsilon, delta, n if n is not None else (row[0] if row else None))
             eps_spent = composed_epsilon(self._spent(con, fingerprint), delta)
             if eps_spent > epsilon:
@@ -237,6 +218,8 @@ class Ledger:
                         "content=COALESCE(excluded.content, budgets.content)",
                         (fingerprint, float(epsilon), float(delta), label or None, time.time(), secrets.token_hex(16),
                          blob, n, id_blob, content))
+
+        self._transact(body)
 
     def budget_key(self, dataset_id: str) -> str:
         """The key of the budget with this public ``dataset_id``; ConfigError if none (no phantom budget)."""
@@ -274,7 +257,7 @@ class Ledger:
     # --- charges -------------------------------------------------------------------------------------
 
     @staticmethod
-    def _spent(con: sqlite3.Connection, fingerprint: str) -> list[de.DpEvent]:
+    def _spent(con: DbCon, fingerprint: str) -> list[de.DpEvent]:
         """Every charge that counts (reserved or committed), as events; totals compose them."""
         rows = con.execute("SELECT event FROM charges WHERE fingerprint=? AND status != 'aborted'",
                            (fingerprint,)).fetchall()
@@ -290,7 +273,9 @@ class Ledger:
         if not keys:
             raise ValueError("reserve needs at least one budget")
         text = json.dumps(event_to_json(event))  # refuses an event dptune cannot store, before the lock
-        with self._write() as con:
+        def body(con: DbCon) -> int:
+            for key in sorted(keys):  # each budget's row locked, in one order (no deadlock between two reservations)
+                con.execute("SELECT 1 FROM budgets WHERE fingerprint=?" + self._backend.lock, (key,)).fetchall()
             first: int | None = None
             for key in keys:
                 row_id = self._reserve_one(con, key, name, event, text, n, group=first)
@@ -298,7 +283,9 @@ class Ledger:
             assert first is not None
             return first
 
-    def _reserve_one(self, con: sqlite3.Connection, fingerprint: str, name: str, event: de.DpEvent, text: str,
+        return self._transact(body)
+
+    def _reserve_one(self, con: DbCon, fingerprint: str, name: str, event: de.DpEvent, text: str,
                      n: int | None, group: int | None) -> int:
         """One budget's checks and charge row, inside the caller's transaction."""
         row = con.execute("SELECT epsilon, delta, label, dataset_id, records FROM budgets WHERE fingerprint=?",
@@ -328,16 +315,14 @@ class Ledger:
                 f"noise) or raise the budget with `{python_m('dptune.cli.ledger')} set-budget`",
             )
         eps_alone = composed_epsilon([event], budget_delta)
-        cur = con.execute(
+        return con.insert_id(
             "INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256, "
             "group_id) VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?, ?)",
             (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event), group))
-        assert cur.lastrowid is not None
-        return int(cur.lastrowid)
 
     def _close(self, charge_id: int, status: str) -> None:
-        with self._write() as con:
-            row = con.execute("SELECT status FROM charges WHERE id=?", (charge_id,)).fetchone()
+        def body(con: DbCon) -> None:
+            row = con.execute("SELECT status FROM charges WHERE id=?" + self._backend.lock, (charge_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no charge {charge_id}")
             if row[0] != "reserved":
@@ -345,8 +330,10 @@ class Ledger:
                     return  # idempotent (a resumed search commits once)
                 raise ValueError(f"charge {charge_id} is already {row[0]}")
             # the charges the same reservation made on the other budgets the data overlaps close with it
-            con.execute("UPDATE charges SET status=?, closed=? WHERE id=? OR group_id=?",
+            con.execute("UPDATE charges SET status=?, closed=? WHERE (id=? OR group_id=?) AND status='reserved'",
                         (status, time.time(), charge_id, charge_id))
+
+        self._transact(body)
 
     def commit(self, charge_id: int) -> None:
         self._close(charge_id, "committed")
@@ -382,11 +369,8 @@ class Ledger:
         if delta is None:
             b = self.budget(fingerprint)
             delta = b[1] if b else 1e-5
-        con = self._connect()
-        try:
-            return composed_epsilon(self._spent(con, fingerprint), delta)
-        finally:
-            con.close()
+        rows = self._read("SELECT event FROM charges WHERE fingerprint=? AND status != 'aborted'", (fingerprint,))
+        return composed_epsilon([event_from_json(json.loads(text)) for (text,) in rows], delta)
 
     def fingerprints(self) -> list[str]:
         rows = self._read("SELECT fingerprint FROM budgets UNION SELECT fingerprint FROM charges")

@@ -29,7 +29,7 @@ from dptune.config import (
     stopping,
 )
 from dptune.errors import ConfigError, check_delta
-from dptune.ledger import Charge, Ledger
+from dptune.ledger import Charge, Ledger, LedgerLocation, ledger_location
 from dptune.release import (
     day_of,
     release_document,
@@ -44,7 +44,7 @@ from dptune.tuning.budgets import budget_keys
 from dptune.tuning.draw import Draw, make_draw
 from dptune.tuning.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
 from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
-from dptune.tuning.precharge import check_public, validate_models, verdict, with_layer_clip
+from dptune.tuning.precharge import check_public, ledger_warnings, validate_models, verdict, with_layer_clip
 
 __all__ = ["SearchOutcome", "SearchRequest", "SearchStopped", "run_search", "run_spec", "sealed_run_spec"]
 
@@ -53,7 +53,7 @@ __all__ = ["SearchOutcome", "SearchRequest", "SearchStopped", "run_search", "run
 class SearchRequest:
     space: SearchSpace  # with every CLI override applied: this is what runs and what is charged
     run_dir: Path
-    ledger: Path
+    ledger: Path | str | LedgerLocation  # a SQLite file or a postgresql:// URL (absolute_paths: a LedgerLocation)
     budget_epsilon: float | None = None
     budget_delta: float | None = None
     resume: bool = False
@@ -152,7 +152,7 @@ def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
     run.write_state(charge_id=charge_id, fingerprint=p.fingerprint, budget_fingerprint=budget_fps[0],
                     budget_fingerprints=budget_fps,
                     run_spec=p.spec, event_sha256=_event_sha(charge), status="reserved",
-                    ledger=str(req.ledger.resolve()), reserved_at=charge.created)
+                    ledger=str(ledger.location), reserved_at=charge.created)  # password-free
     draw = make_draw(req.space, p.plan.stopping, seed=req.seed)
     draw.save(run.draw_file)
     return charge, draw
@@ -175,7 +175,7 @@ def _resume(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
         raise ConfigError("--resume", f"{run.root} holds no sealed draw", "give the --name of an interrupted search")
     if state.get("status") == "released":
         raise ConfigError("--resume", f"{run.root.name} already finished", f"its release is in {run.release}")
-    if Path(state["ledger"]) != req.ledger.resolve():
+    if not ledger_location(state["ledger"]).same(ledger.location):
         raise ConfigError("--ledger", f"the search was charged to {state['ledger']}", "resume with that --ledger")
     if state.get("fingerprint") != p.fingerprint:
         raise ConfigError("--space", "the dataset differs from the one the search was charged for",
@@ -268,7 +268,7 @@ def absolute_paths(req: SearchRequest) -> SearchRequest:
     storage = req.ray.storage_path
     if storage is not None and "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())
-    return dataclasses.replace(req, run_dir=req.run_dir.expanduser().resolve(), ledger=req.ledger.expanduser().resolve(),
+    return dataclasses.replace(req, run_dir=req.run_dir.expanduser().resolve(), ledger=ledger_location(req.ledger),
                                ray=dataclasses.replace(req.ray, storage_path=storage))
 
 
@@ -292,7 +292,9 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
         f"({'no new charge' if req.resume else 'nothing is charged yet'})")
     p = _prepare(req)
     req = dataclasses.replace(req, space=p.space or req.space)
-    ledger = Ledger(req.ledger)
+    ledger = Ledger(req.ledger)  # a team ledger's server answers here (exit 2 if not), before anything is charged
+    for line in ledger_warnings(ledger.location):
+        say(line)
     if req.space.alc is not None:
         check_public(req.space, ledger)
     if req.seed is not None or os.environ.get("DPTUNE_TEST_DRAW_SEED") is not None:
@@ -308,19 +310,19 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
     say(f"  {'its charge, unchanged' if req.resume else 'charged to the ledger before any trial'}: epsilon = "
         f"{p.plan.search_epsilon:.4f}, delta = {p.plan.delta:g} ({p.plan.stopping.label()}; one worst-case trial: "
         f"epsilon = {p.plan.trial_epsilon:.4f})")
-    watcher = None if req.resume_command is None else watch_for_sudden_death(run, req.ledger, charge.epsilon,
+    watcher = None if req.resume_command is None else watch_for_sudden_death(run, ledger.location, charge.epsilon,
                                                                              req.resume_command)
     try:
         return _after_reservation(req, run, ledger, p, charge, draw, say)
     except _RefusedBeforeTrials as refused:  # Ray's start-up checks (token auth really on, GPUs)
         e = refused.error
         if req.resume:  # trials of an earlier session ran under this charge: it stays
-            raise stopped(req.ledger, run, charge, e, interrupted=False) from None
+            raise stopped(ledger.location, run, charge, e, interrupted=False) from None
         safely(lambda: ledger.abort(charge.id))  # nothing ran under this charge: released, as any refusal
         safely(lambda: run.write_state(status="aborted"))
         raise e from None
     except (Exception, KeyboardInterrupt) as e:
-        raise stopped(req.ledger, run, charge, e, interrupted=is_interrupt(e)) from None
+        raise stopped(ledger.location, run, charge, e, interrupted=is_interrupt(e)) from None
     finally:  # the search ended in a known state: the watcher exits without a word
         if watcher is not None:
             watcher.ended()

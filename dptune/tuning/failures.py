@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dptune.errors import ConfigError
-from dptune.ledger import Charge, Ledger
+from dptune.ledger import Charge, Ledger, LedgerLocation
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow, write_trials
 
@@ -29,7 +29,7 @@ class SearchStopped(Exception):
     the ledger when it can be); ``rows`` the trials that finished (sealed); ``resume`` the exact call or command
     that continues it, when the caller knows it (:meth:`resumed_by`)."""
 
-    def __init__(self, *, interrupted: bool, cause: str, charge: str, run: Path, ledger: Path,
+    def __init__(self, *, interrupted: bool, cause: str, charge: str, run: Path, ledger: Path | LedgerLocation,
                  rows: list[TrialRow], resume: str | None = None) -> None:
         self.interrupted = interrupted
         self.cause = cause
@@ -71,7 +71,7 @@ def safely(step: Callable[[], Any]) -> bool:
         return False
 
 
-def charge_status(ledger_path: Path, charge_id: int) -> str:
+def charge_status(ledger_path: LedgerLocation, charge_id: int) -> str:
     """The charge's status read back from the ledger (read-only if its folder cannot be written)."""
     for read_only in (False, True):
         try:
@@ -81,7 +81,7 @@ def charge_status(ledger_path: Path, charge_id: int) -> str:
     return "reserved (as far as dptune knows: the ledger could not be read back)"
 
 
-def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, interrupted: bool) -> SearchStopped:
+def stopped(ledger_path: LedgerLocation, run: RunDir, charge: Charge, e: BaseException, interrupted: bool) -> SearchStopped:
     """Seal what finished, log the traceback (sealed: it can name a trial's config), and say where the
     charge stands — each step best-effort: the failure may be the disk or the ledger itself."""
     import traceback
@@ -125,7 +125,7 @@ def stopped(ledger_path: Path, run: RunDir, charge: Charge, e: BaseException, in
                          rows=rows)
 
 
-def watch_for_sudden_death(run: RunDir, ledger_path: Path, epsilon: float, resume_command: str) -> Watcher:
+def watch_for_sudden_death(run: RunDir, ledger_path: LedgerLocation, epsilon: float, resume_command: str) -> Watcher:
     """Fork a watcher that outlives this process: when Ray's head raylet dies, Ray's driver exits at once
     (status 1, no Python handler runs), as after a SIGKILL of the driver alone. If the search then had not
     ended in a known state, the watcher says where the charge stands and how to resume, and marks the run

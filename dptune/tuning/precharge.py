@@ -94,3 +94,17 @@ def check_public(space: SearchSpace, ledger: Any) -> None:
             ledger.label(k) for k in found.overlapped) + ", known by their content whatever their format or "
             "edits): it is not public; nothing was charged",
             "declare a dataset that no budget covers as alc.public")
+
+
+def ledger_warnings(location: Any) -> list[str]:
+    """Before anything is charged: a ledger that is a local file on a node the Ray cluster launcher created
+    (``ray up`` leaves ``~/ray_bootstrap_config.yaml`` on the head) is deleted with the node by ``ray down``, and
+    every budget and charge in it with it: the team's database outlives the cluster."""
+    from pathlib import Path
+
+    if location.is_postgres or not (Path.home() / "ray_bootstrap_config.yaml").exists():
+        return []
+    return [f"  WARNING: the ledger {location} is a file on a node that `ray up` created: `ray down` deletes it, and "
+            "with it every budget and charge (the next search would find no spend). Point searches at the team "
+            "ledger: export DPTUNE_LEDGER=postgresql://USER@HOST:PORT/DB (from a secret; docs/operations.md, "
+            "\"A team ledger\"), or pass --ledger postgresql://..."]

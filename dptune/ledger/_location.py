@@ -1,0 +1,127 @@
+"""Where a ledger lives: a SQLite file (the embedded default, one curator) or a PostgreSQL database (a team's).
+
+``--ledger`` takes either a path or a ``postgresql://`` (``postgres://``) URL, as libpq reads it: a password in the
+URL is used to connect but never shown, recorded (``sealed/state.json``), logged or certified; the usual libpq
+sources are preferred (``~/.pgpass`` / ``PGPASSFILE``, ``PGPASSWORD``, a service in ``~/.pg_service.conf`` /
+``PGSERVICEFILE`` with ``?service=NAME``). A :class:`LedgerLocation` prints as its password-free form
+(``postgresql://alice@db.example:5432/dptune``): that form is what state files record and what a resumed search or
+final training compare.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+__all__ = ["LedgerLocation", "default_ledger_path", "ledger_location", "scrub"]
+
+_SCHEMES = ("postgresql://", "postgres://")
+_SECRET_KEYS = {"password", "passfile", "sslpassword"}
+
+
+def default_ledger_path() -> Path:
+    """The per-user ledger of every CLI and the API, absolute whatever the working directory (a relative one let
+    a search started elsewhere open a fresh budget): ``$XDG_DATA_HOME`` if absolute, else ``~/.local/share``.
+    ``DPTUNE_LEDGER`` (a path or a ``postgresql://`` URL), when set, wins: see :func:`ledger_location`."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "dptune" / "ledger.sqlite"
+
+
+def is_url(given: object) -> bool:
+    return isinstance(given, str) and given.lower().startswith(_SCHEMES)
+
+
+@dataclass(frozen=True)
+class LedgerLocation:
+    """A ledger's address. ``shown`` is password-free (printing, state files, comparisons); ``target`` is what
+    connects (the absolute path, or the URL as given, which may hold a password: never print it)."""
+
+    kind: str  # "sqlite" | "postgresql"
+    shown: str
+    target: str = field(repr=False)
+    params: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # parsed URL (no secrets), PostgreSQL only
+
+    def __str__(self) -> str:
+        return self.shown
+
+    def __repr__(self) -> str:
+        return f"LedgerLocation({self.shown!r})"
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.kind == "postgresql"
+
+    @property
+    def path(self) -> Path:
+        if self.is_postgres:
+            raise ValueError(f"{self.shown} is not a file")
+        return Path(self.target)
+
+    @property
+    def host(self) -> str:
+        """The server as a message names it (host:port, or the service)."""
+        p = dict(self.params)
+        if "host" not in p and "service" in p:
+            return f"service {p['service']!r}"
+        return f"{p.get('host') or os.environ.get('PGHOST') or 'localhost'}:{p.get('port') or os.environ.get('PGPORT') or 5432}"
+
+    def same(self, other: LedgerLocation) -> bool:
+        return self.shown == other.shown
+
+
+def ledger_location(given: str | Path | LedgerLocation | None = None) -> LedgerLocation:
+    """``given`` (a path, a URL, or None: ``$DPTUNE_LEDGER`` if set, else :func:`default_ledger_path`)."""
+    if isinstance(given, LedgerLocation):
+        return given
+    if given is None or given == "":
+        given = os.environ.get("DPTUNE_LEDGER") or default_ledger_path()
+    if is_url(given):
+        return _postgres(str(given))
+    path = Path(given).expanduser().resolve()
+    return LedgerLocation("sqlite", str(path), str(path))
+
+
+def _postgres(url: str) -> LedgerLocation:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from dptune.errors import ConfigError
+
+    try:
+        parts = {k: str(v) for k, v in conninfo_to_dict(url).items()}
+    except Exception as e:  # libpq's parser: its message never echoes the password
+        raise ConfigError("--ledger", f"is not a PostgreSQL URL libpq can read ({scrub(str(e), url)})",
+                          "give postgresql://USER@HOST:PORT/DBNAME (the password in ~/.pgpass, PGPASSFILE or "
+                          "PGPASSWORD, or a service: postgresql:///?service=NAME)") from None
+    kept = tuple(sorted((k, v) for k, v in parts.items() if k not in _SECRET_KEYS))
+    p = dict(kept)
+    user = f"{quote(p['user'], safe='')}@" if p.get("user") else ""
+    host = p.get("host", "")
+    host = f"[{host}]" if ":" in host else quote(host, safe="/")
+    port = f":{p['port']}" if p.get("port") else ""
+    db = quote(p.get("dbname", ""), safe="")
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in kept if k not in ("user", "host", "port", "dbname"))
+    shown = f"postgresql://{user}{host}{port}/{db}" + (f"?{query}" if query else "")
+    return LedgerLocation("postgresql", shown, url, kept)
+
+
+def scrub(text: str, target: str) -> str:
+    """``text`` with any password of ``target`` (a URL) removed: a driver's message, an argv echoed back."""
+    if not is_url(target):
+        return text
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        secrets = [str(v) for k, v in conninfo_to_dict(target).items() if k in _SECRET_KEYS and v]
+    except Exception:
+        secrets = []
+    m = re.match(r"^[a-z]+://[^@/]*?:([^@/]*)@", target, re.I)
+    if m and m.group(1):
+        secrets.append(m.group(1))
+    for s in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(s, "***")
+        text = text.replace(quote(s, safe=""), "***")
+    return text
