@@ -1,6 +1,6 @@
 """Budget contention on one ledger (issue 42): searches racing for a budget with room for exactly 5 of them.
 
-    python bench/ledger_contention.py [--searches 8] [--room 5] [--reservations 25] [--out bench/results/ledger_contention]
+    python -m bench.ledger_contention [--searches 8] [--room 5] [--reservations 25] [--out bench/results/ledger_contention]
 
 PostgreSQL: two "machines" (separate HOMEs, each holding a copy of the team key; one real server started by
 tests/pg.py on a loopback port) start ``--searches`` CLI searches at once (``python -m dptune.search`` on the digits
@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 SPACE = ROOT / "search_spaces" / "digits.yaml"
 
@@ -141,7 +140,7 @@ def main() -> int:
     from tests.pg import pg_server
 
     work = Path(tempfile.mkdtemp(prefix="dptune-bench-ledger-"))
-    result: dict[str, Any] = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": " ".join(["python -m bench.ledger_contention", *sys.argv[1:]]),
                               "cpus": os.cpu_count()}
     try:
         with pg_server() as pg:

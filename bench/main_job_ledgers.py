@@ -1,6 +1,6 @@
 """The digits main job on both ledgers, side by side in one run (issue 42): the same certificate fields and total ε.
 
-    python bench/main_job_ledgers.py
+    python -m bench.main_job_ledgers
 
 Runs `make search`'s command (search_spaces/digits.yaml, a fresh budget of ε 30) and the printed final training
 twice — on a SQLite file and on a PostgreSQL team ledger (a throwaway server on loopback, started as
@@ -46,7 +46,6 @@ def _short(value: object) -> str:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     from tests.pg import pg_server
 
     with tempfile.TemporaryDirectory() as tmp, pg_server() as server:
