@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,19 @@ def isolated_env_for(tmp_path: Path) -> dict[str, str]:
 def run_cli(args: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=timeout)
+
+
+@contextlib.contextmanager
+def importable_module(folder: Path, name: str, source: str) -> Iterator[Path]:
+    """``source`` written as module ``name`` in ``folder`` and importable (``factory:<name>:…`` models) while inside;
+    afterwards off sys.path and out of sys.modules."""
+    (folder / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    try:
+        yield folder
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
 
 
 def digits_seed_with_k(lo: int, hi: int) -> int:

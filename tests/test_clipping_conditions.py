@@ -14,7 +14,6 @@ between the examples' own norms (some clipped, some not); references are each ex
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd import engine_mode, make_engine, validate_model
 from dptune.dpsgd._loop import padded_size
 from dptune.models import build_model
+from tests.conftest import importable_module
 
 MODULE = "dptune_test_condition_models"
 SHAPE, CLASSES = (1, 8, 8), 10
@@ -168,14 +168,8 @@ UNSAFE = ["batch_stat_8", "rows_rescale", "prev_mean", "online_norm", "second_ca
 
 @pytest.fixture(scope="module")
 def user_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("condition_models")
-    (folder / f"{MODULE}.py").write_text(USER_MODELS)
-    sys.path.insert(0, str(folder))
-    try:
+    with importable_module(tmp_path_factory.mktemp("condition_models"), MODULE, USER_MODELS) as folder:
         yield folder
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop(MODULE, None)
 
 
 def _config(kind: str, mode: str, **kw: object) -> TrialConfig:

@@ -11,7 +11,6 @@ measurement is the test's own: parameters moved by one real noise-free optimizer
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.dpsgd import engine_mode, make_engine, validate_model
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.models import build_model
-from tests.conftest import ROOT, isolated_env_for, run_cli
+from tests.conftest import ROOT, importable_module, isolated_env_for, run_cli
 
 MODULE = "dptune_test_guard_models"
 SHAPE, CLASSES = (1, 8, 8), 10
@@ -183,14 +182,8 @@ KINDS = ["tied_functional", "tied_shared", "patches", "reflect", "circular", "ce
 
 @pytest.fixture(scope="module")
 def user_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("guard_models")
-    (folder / f"{MODULE}.py").write_text(USER_MODELS)
-    sys.path.insert(0, str(folder))
-    try:
+    with importable_module(tmp_path_factory.mktemp("guard_models"), MODULE, USER_MODELS) as folder:
         yield folder
-    finally:
-        sys.path.remove(str(folder))
-        sys.modules.pop(MODULE, None)
 
 
 def _config(kind: str, mode: str) -> TrialConfig:
