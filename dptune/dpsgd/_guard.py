@@ -62,7 +62,7 @@ from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import Engine, engine_mode, make_engine, quiet_hooks, resolve_clipping
-from dptune.dpsgd._loop import padded_size
+from dptune.dpsgd._loop import padded_size, physical_chunk
 from dptune.dpsgd._purity import ProbeRandomness, check_forward, masks_off
 from dptune.models import build_model
 
@@ -107,7 +107,7 @@ def probe_rows(config: TrialConfig, mode: str) -> int:
     b = config.batch_size
     high = math.ceil(b + 4 * math.sqrt(b))
     if clipping.mode(mode).accumulates:
-        high = min(high, max(1, config.physical_batch_size // max(config.augmult, 1)))
+        high = min(high, physical_chunk(config.physical_batch_size, config.augmult))
     return max(high, 1)
 
 
@@ -214,7 +214,8 @@ class _Probe:
         self.build, self.rows = build, rows
         self.x, self.y, self.views = _inputs(config, num_classes, input_shape)
         ref = _reference(build, self.x, self.y, self.views)
-        self.c = _between([_norm(r) for r in ref])
+        norms = [_norm(r) for r in ref]
+        self.c = _between(norms)
         if config.max_grad_norm == self.c:  # never the config's own C: the engine must follow the C it is given
             self.c *= 1.5
         self.config = config.replace(max_grad_norm=self.c)
@@ -222,8 +223,7 @@ class _Probe:
             index, clip = layer_clip_norms(build(), config.layer_clip, self.c)
             self.clip = [_clip_layers(r, index, clip) for r in ref]
         else:
-            self.clip = [[g * min(1.0, self.c / (n + 1e-6)) for g in r] for r, n in zip(ref, map(_norm, ref),
-                                                                                        strict=True)]
+            self.clip = [[g * min(1.0, self.c / (n + 1e-6)) for g in r] for r, n in zip(ref, norms, strict=True)]
         self._results: dict[str, ProbeResult] = {}
 
     def run(self, mode: str) -> ProbeResult:

@@ -13,7 +13,7 @@ from dptune.config import clipping
 from dptune.data import augment_views
 from dptune.dpsgd._state import TrialRun
 
-__all__ = ["Schedule", "diverged", "padded_size", "train_epoch"]
+__all__ = ["Schedule", "diverged", "padded_size", "physical_chunk", "train_epoch"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -29,6 +29,11 @@ class Schedule:
     views: int  # augmentation multiplicity (0: off)
     chunk: int  # examples per physical batch (the physical batch counts augmented views)
     ema_decay: float | None
+
+
+def physical_chunk(physical_batch_size: int, augmult: int) -> int:
+    """Examples per physical batch (the physical batch counts augmented views)."""
+    return max(1, physical_batch_size // max(augmult, 1))
 
 
 def padded_size(n: int) -> int:

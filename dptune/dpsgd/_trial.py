@@ -20,7 +20,7 @@ from dptune.dpsgd._charge import check_charged
 from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import engine_mode, make_engine
 from dptune.dpsgd._guard import guarded_clipping
-from dptune.dpsgd._loop import Schedule, train_epoch
+from dptune.dpsgd._loop import Schedule, physical_chunk, train_epoch
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, trial_identity
@@ -76,7 +76,7 @@ def schedule(config: TrialConfig, basis: float, num_classes: int, input_shape: t
                     steps=trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=basis),
                     steps_per_epoch=max(1, math.ceil(basis / config.batch_size)),
                     clipping_mode=mode, views=views,
-                    chunk=max(1, config.physical_batch_size // max(views, 1)), ema_decay=config.ema_decay)
+                    chunk=physical_chunk(config.physical_batch_size, views), ema_decay=config.ema_decay)
 
 
 def run_trial(
