@@ -48,7 +48,7 @@ FORMAT = "dptune-certificate/2"
 BINDING_VERSION = 2  # 1 (no "version" key): the MAC covered the charges only, not the fields nor the files
 # files a certificate may sit beside: each one present must be bound (a checkpoint added to a release that
 # had none, or another search's config, is refused)
-BOUND_FILES = ("best_config.yaml", "best_checkpoint.pt", "model.pt", "metrics.json")
+BOUND_FILES = ("best_config.yaml", "best_checkpoint.pt", "model.pt", "metrics.json", "auto_space.yaml")
 _ACCOUNTANT_TEXT = {  # per ``bound``; "rdp" is the text certificates had before ``bound`` existed
     "rdp": "RDP (dp_accounting orders), Papernot-Steinke random stopping, composed over events",
     "pld": "PLD (dp_accounting, pessimistic), composed over events; the noisy max as pure (1/beta)-DP",

@@ -178,6 +178,8 @@ def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent
                           "(1/scale)-DP; once for the whole search"}
     if transfer is not None:
         details["transfer"] = transfer.describe()
+    if space.auto is not None:  # space: auto: the public facts, the rules' version and the space derived
+        details["auto"] = public_auto(space)
     if space.tune_fraction < 1:
         details.update({
             "tune_fraction": space.tune_fraction, "subsample_rule": "Poisson, drawn once from the sealed seed",
@@ -188,13 +190,23 @@ def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent
                              details, reproducible=reproducible, created=created)
 
 
+def public_auto(space: SearchSpace) -> dict[str, Any]:
+    """What a space derived by ``space: auto`` was derived from and what it is (``space.auto``), as it is released:
+    the facts, the rules' version and the derived space file, without the dataset's local path."""
+    assert space.auto is not None
+    derived = dict(space.auto["space"])
+    derived["dataset"] = {k: v for k, v in derived["dataset"].items() if k != "path"}
+    return {"rules": space.auto["rules"], "facts": space.auto["facts"], "space": derived}
+
+
 def day_of(timestamp: float) -> str:
     """The UTC day of a timestamp: the only time a release carries."""
     return time.strftime("%Y-%m-%d", time.gmtime(timestamp))
 
 
 def write_release(release_dir: Path, document: dict[str, Any], certificate: Certificate, *, ledger: Any,
-                  tokens: list[str], mtime: float, checkpoint: Path | None = None) -> Certificate:
+                  tokens: list[str], mtime: float, checkpoint: Path | None = None,
+                  auto_space: dict[str, Any] | None = None) -> Certificate:
     """Write ``best_config.yaml`` (and ``best_checkpoint.pt``), then ``certificate.json`` bound to the ledger
     charges ``tokens`` and to those files' SHA-256 (another search's config beside it is refused by
     ``dptune.train``); every file and the directory stamped with ``mtime`` (the reservation time: reveals
@@ -207,6 +219,11 @@ def write_release(release_dir: Path, document: dict[str, Any], certificate: Cert
                    "#   python -m dptune.train --release <this folder> --out <a new folder>\n"
                    + yaml.safe_dump(document, sort_keys=False))
     files = {"best_config.yaml": cfg}
+    if auto_space is not None:  # the space space: auto derived, beside the config (bound like it)
+        files["auto_space.yaml"] = release_dir / "auto_space.yaml"
+        files["auto_space.yaml"].write_text(
+            "# The space dptune derived from the data's public facts (space: auto) and searched; the certificate "
+            "binds it.\n" + yaml.safe_dump(auto_space, sort_keys=False))
     if checkpoint is not None:
         files["best_checkpoint.pt"] = release_dir / "best_checkpoint.pt"
         shutil.copyfile(checkpoint, files["best_checkpoint.pt"])

@@ -43,7 +43,8 @@ class BenchSpec:
 
     Attributes:
         space: The space file: data, model, fixed settings, δ; the space the ``search`` mode runs.
-        baseline: Mode (a)'s config: ``planner`` (the space's ``planner.baseline`` over its default), ``default``
+        baseline: Mode (a)'s config: ``planner`` (the space's ``planner.baseline`` over its default), ``auto`` (the
+            literature default ``space: auto`` derives for the data: ``dptune.config.auto``), ``default``
             (its declared default) or the path of another space file on the same data (that file's default).
         grid: The oracle's extra (batch size, learning rate) points, each the baseline's config otherwise.
         epochs: Every run's epochs (``--quick``); None: each space's own.
@@ -103,6 +104,11 @@ class Bench:
         b = self.spec.baseline
         if b == "planner":
             config = self.space.baseline
+        elif b == "auto":  # the literature default space: auto judges this data against (issue 43)
+            from dptune.config import parse_space
+
+            config = parse_space({"dataset": self.raw()["dataset"], "space": "auto", "privacy": {
+                "target_epsilon": 1.0, "delta": self.delta}}, n_train=self.n_train).baseline
         elif b == "default":
             config = self.space.default
         else:

@@ -163,6 +163,26 @@ class SpaceSearch(Mode):
         return (desc, " / ".join(f"{s:g}" for s in sigmas) or "–", f"{max(search):.4f}" if search else "–")
 
 
+class AutoSearch(SpaceSearch):
+    """(auto) the space ``space: auto`` derives from the public facts of ``--space``'s data and the budget (issue
+    43): only the dataset section and δ of ``--space`` are read, never its model, ranges or priors."""
+
+    name = "auto"
+    reports = ("auto",)
+    titles = {"auto": "(auto) the space derived from public facts (space: auto), its own search + final"}
+    doc = ("(auto) `space: auto`: every choice derived from the data's public facts and the budget "
+           "(dptune.config.auto), random search with random stopping, + the final run dptune train trains.")
+
+    def space(self, bench: Bench, eps: float) -> SearchSpace:
+        from dptune.config import parse_space
+
+        raw = bench.raw()
+        derived = parse_space({"dataset": raw["dataset"], "space": "auto",
+                               "privacy": {"target_epsilon": eps, "delta": bench.delta}}, n_train=bench.n_train)
+        assert derived.auto is not None
+        return bench.same_data(bench.parse(derived.auto["space"]), "mode auto")
+
+
 def _named(name: str, file: str | None, title: str, doc: str, *, key: str = "",
            edit: Any = None) -> SpaceSearch:
     attrs: dict[str, Any] = {"name": name, "file": file, "key": key, "reports": (name,), "titles": {name: title},
@@ -235,6 +255,7 @@ def _g(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 for _mode in (
+    AutoSearch(),
     _named("search", None, "(search) the space's own search + final", "(search) --space's own search, as dptune "
            "search runs it, + the final run dptune train trains."),
     _named("R", "mnist.yaml", "(R) random search, random stopping, whole space (mnist.yaml as first declared)",

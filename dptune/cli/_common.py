@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from dptune.config import ConfigError
 
-__all__ = ["quiet_libraries", "run_cli"]
+__all__ = ["add_space_arguments", "auto_text", "quiet_libraries", "run_cli", "space_from_args"]
 
 
 def quiet_libraries() -> None:
@@ -89,3 +89,87 @@ def run_cli(main: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def add_space_arguments(p: Any, *, required: bool = True) -> None:
+    """``--space FILE`` or ``--data …`` (a space derived from the data's public facts), ``--target-epsilon`` and
+    ``--hardware`` (``space: auto`` only)."""
+    g = p.add_mutually_exclusive_group(required=required)
+    g.add_argument("--space", help="search-space YAML, e.g. search_spaces/digits.yaml (space: auto derives it)")
+    g.add_argument("--data", help="derive the whole space from the data's public facts (space: auto): digits, "
+                   "NAME:PATH (e.g. mnist:data/mnist), or a YAML file with a dataset: section; with --target-epsilon")
+    p.add_argument("--hardware", choices=("cpu", "gpu"), default="cpu",
+                   help="space: auto: the hardware trials run on (sets only the examples per pass, never statistics)")
+
+
+def space_from_args(args: Any, *, n_train: int | None = None, count: bool = False) -> Any:
+    """The space of ``--space`` or ``--data`` (``--target-epsilon`` sets a derived space's budget). ``count``: a
+    derived space on a table or image folder is sized on its counted training split (the search reads it anyway)."""
+    from pathlib import Path
+
+    import yaml
+
+    from dptune.config import auto, load_space, parse_space
+
+    if getattr(args, "data", None) is None:
+        raw = yaml.safe_load(Path(args.space).read_text()) if Path(args.space).is_file() else None
+        if not (isinstance(raw, dict) and auto.is_auto(raw)):
+            return load_space(args.space)
+        source = args.space
+    else:
+        raw, source = {"dataset": _data_section(args.data), "space": auto.AUTO}, None
+    target = getattr(args, "target_epsilon", None)
+    if target is not None:
+        raw["privacy"] = {**(raw.get("privacy") or {}), "target_epsilon": target}
+    elif not (raw.get("privacy") or {}).get("target_epsilon"):
+        raise ConfigError("--target-epsilon", "a space derived from the data needs the total budget",
+                          "give --target-epsilon E (search and final training together), e.g. 2")
+    if n_train is None and count:
+        n_train = _counted_train_size(raw)
+    return parse_space(raw, source, n_train=n_train, hardware=getattr(args, "hardware", "cpu"))
+
+
+def _data_section(text: str) -> dict[str, Any]:
+    """``--data``: a YAML file (its ``dataset:`` section, or the file itself), ``NAME`` or ``NAME:PATH``."""
+    from pathlib import Path
+
+    import yaml
+
+    if text.endswith((".yaml", ".yml")):
+        p = Path(text)
+        if not p.is_file():
+            raise ConfigError("--data", f"file {text!r} does not exist", "pass a YAML file with a dataset: section")
+        raw = yaml.safe_load(p.read_text())
+        section = raw.get("dataset", raw) if isinstance(raw, dict) else None
+        if not isinstance(section, dict):
+            raise ConfigError("--data", f"{text!r} holds no dataset: mapping", "write dataset: {name: …, path: …}")
+        return dict(section)
+    name, _, path = text.partition(":")
+    return {"name": name, **({"path": path} if path else {})}
+
+
+def _counted_train_size(raw: dict[str, Any]) -> int | None:
+    """A table's or image folder's training split, counted (its size only; the search reads the same data)."""
+    from dptune.config import DatasetSpec, nominal_train_size
+    from dptune.config.load import parse_dataset
+
+    spec: DatasetSpec = parse_dataset(raw)
+    if nominal_train_size(spec) is not None:
+        return None
+    from dptune.data import load_dataset
+
+    return int(len(load_dataset(spec).train[1]))
+
+
+def auto_text(released: dict[str, Any]) -> str:
+    """A derived space (``release.public_auto``) as the terminal shows it: the facts, then the space file."""
+    import yaml
+
+    facts = released["facts"]
+    head = (f"space: auto (rules v{released['rules']}), derived from public facts only: {facts['kind']} "
+            f"{'x'.join(str(d) for d in facts['shape'])}, {facts['classes']} classes, {facts['n_train']} training / "
+            f"{facts['validation_size']} validation examples, total epsilon {facts['target_epsilon']:g}, delta "
+            f"{facts['delta']:g}, {facts['hardware']}")
+    body = yaml.safe_dump({k: v for k, v in released["space"].items() if k != "dataset"}, sort_keys=False,
+                          default_flow_style=None, width=116)
+    return head + "\n" + "\n".join("  " + line for line in body.rstrip().splitlines())

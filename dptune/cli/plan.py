@@ -39,7 +39,7 @@ from dptune.accounting import (
     stopping_rule,
     worst_case_event,
 )
-from dptune.cli._common import run_cli
+from dptune.cli._common import add_space_arguments, auto_text, run_cli, space_from_args
 from dptune.config import (
     ConfigError,
     DatasetSpec,
@@ -58,7 +58,7 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dptune.plan", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--space", help="search-space YAML (the worst case over it is charged)")
+    add_space_arguments(p, required=False)
     p.add_argument("--n-train", type=int, help="training-set size (needed for imagefolder; overrides the nominal size)")
     p.add_argument("--noise-multiplier", type=float)
     p.add_argument("--sampling-rate", type=float)
@@ -141,7 +141,7 @@ def _explicit_plan(args: argparse.Namespace) -> Plan:
 
 
 def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
-    space = load_space(args.space)
+    space = space_from_args(args, n_train=args.n_train)
     n = args.n_train or nominal_train_size(space.dataset)
     if n is None:
         raise ConfigError("--n-train", f"the size of dataset {space.dataset.name!r} is not known without reading it",
@@ -197,18 +197,22 @@ def main(argv: list[str] | None = None) -> int:
             if not (math.isfinite(args.tune_fraction) and 0 < args.tune_fraction <= 1):
                 raise ConfigError("--tune-fraction", f"{args.tune_fraction!r} is not in (0, 1]",
                                   "choose e.g. 0.25, or 1 for no subsampling")
-            if not args.space:
+            if not (args.space or args.data):
                 raise ConfigError("--tune-fraction", "needs a search space", "pass --space FILE")
         if args.target_epsilon is not None and not (math.isfinite(args.target_epsilon) and args.target_epsilon > 0):
             raise ConfigError("--target-epsilon", f"{args.target_epsilon!r} must be > 0", "choose e.g. 4")
         space = None
-        if args.space:
+        if args.space or args.data:
             plan, space = _space_plan(args)
         else:
             plan = _explicit_plan(args)
         out = _summary(plan)
         if space is not None:
             out["tune_fraction"] = space.tune_fraction
+            if space.auto is not None:
+                from dptune.release import public_auto
+
+                out["auto"] = public_auto(space)
             if clipping_sensitivity(space) > 1:  # what BatchNorm costs: the same σ, q, T clipped per example
                 per_example = plan_search(_per_example(space), plan.n_train, plan.stopping, compare=False)
                 out["batch_clipping"] = {"sensitivity": clipping_sensitivity(space),
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                                 stopping=plan.stopping)
             out["target_epsilon"] = args.target_epsilon
             out["noise_multiplier_floor"] = floor
-            if args.space:
+            if args.space or args.data:
                 pr = _priors(args, space)
                 out["advice"] = _advice_json(advise(
                     space, plan.n_train, target_epsilon=args.target_epsilon, accuracy_spread=pr["accuracy_spread"],
@@ -339,6 +343,8 @@ def _score_label(out: dict[str, Any], score_noise: float | None) -> str:
 
 
 def _print(out: dict[str, Any]) -> None:
+    if "auto" in out:
+        print(auto_text(out["auto"]))
     w = out["worst_case"]
     sens = out.get("batch_clipping", {}).get("sensitivity", 1.0)
     label = "sigma" if sens == 1 else f"sigma/{sens:g}"

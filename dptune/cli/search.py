@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dptune.cli._common import run_cli
-from dptune.config import ACCOUNTING_MODES, SEARCHERS, SearchSpace, check_accounting, check_space, load_space
+from dptune.cli._common import add_space_arguments, auto_text, run_cli, space_from_args
+from dptune.config import ACCOUNTING_MODES, SEARCHERS, SearchSpace, check_accounting, check_space
 from dptune.errors import ConfigError, check_unit_interval, python_m
 from dptune.tuning.driver import SearchRequest
 
@@ -25,7 +25,9 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dptune.search", description=__doc__.splitlines()[0])
-    p.add_argument("--space", required=True, help="search-space YAML, e.g. search_spaces/digits.yaml")
+    add_space_arguments(p)
+    p.add_argument("--target-epsilon", type=float, help="with --data (or a space: auto file): the total budget "
+                   "for the search and the final training")
     p.add_argument("--name", help="run name (default: <space>-<random>); outputs go to <runs-dir>/<name>")
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--ledger", help="privacy ledger: a SQLite file or a team's postgresql://USER@HOST:PORT/DB (password "
@@ -136,7 +138,7 @@ def _request(args: argparse.Namespace) -> SearchRequest:
     from dptune.tuning.options import RayOptions
 
     _check_args(args)
-    space = _apply_overrides(load_space(args.space), args)
+    space = _apply_overrides(space_from_args(args, count=True), args)
     name = args.name or default_run_name(space)
     if args.resume and not args.name:
         raise ConfigError("--resume", "needs the --name of the interrupted search", "give --name NAME")
@@ -181,6 +183,10 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     from dptune.tuning.driver import SearchStopped, run_search
 
     req = _request(args)
+    if req.space.auto is not None:  # the space derived from public facts, before anything is charged
+        from dptune.release import public_auto
+
+        print(auto_text(public_auto(req.space)), flush=True)
     command = resume_command(argv, req.run_dir.name)
     try:
         out = run_search(dataclasses.replace(req, resume_command=command))

@@ -14,7 +14,7 @@ from typing import Any
 import optuna.distributions as od
 import yaml
 
-from dptune.config import specs, stopping
+from dptune.config import auto, specs, stopping
 from dptune.config.checks import (
     INTERNAL_FIELDS,
     SCHEDULERS,
@@ -36,13 +36,13 @@ from dptune.config.schema import (
 from dptune.config.specs import PlannerSpec
 from dptune.errors import ConfigError, check_unit_interval
 
-__all__ = ["load_space", "nominal_train_size", "official_pool", "parse_space"]
+__all__ = ["load_space", "nominal_train_size", "official_pool", "parse_dataset", "parse_space"]
 
 
 _TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search", "planner", "alc")
 
 
-def load_space(path: str | Path) -> SearchSpace:
+def load_space(path: str | Path, *, n_train: int | None = None, hardware: str = "cpu") -> SearchSpace:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("--space", f"file {str(p)!r} does not exist", "pass an existing YAML file, "
@@ -51,7 +51,37 @@ def load_space(path: str | Path) -> SearchSpace:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(str(p), f"malformed YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from e
-    return parse_space(raw, source=str(p))
+    return parse_space(raw, source=str(p), n_train=n_train, hardware=hardware)
+
+
+_AUTO_KEYS = ("name", "dataset", "privacy", "space")
+
+
+def _derive_auto(raw: Mapping[str, Any], n_train: int | None, hardware: str) -> tuple[dict[str, Any],
+                                                                                      auto.PublicFacts]:
+    """``space: auto``: the space file the rules derive from the data's public facts and the budget."""
+    extra = sorted(set(raw) - set(_AUTO_KEYS))
+    if extra:
+        raise ConfigError(extra[0], "space: auto derives it from public facts",
+                          f"remove {extra[0]}: (or write the whole space by hand without space: auto)")
+    pr = _section(raw, "privacy", ("target_epsilon", "delta"))
+    if "target_epsilon" not in pr:
+        raise ConfigError("privacy.target_epsilon", "space: auto needs the total budget",
+                          "give privacy.target_epsilon (or --target-epsilon), e.g. 2")
+    eps = float(coerce_value("privacy.target_epsilon", pr["target_epsilon"], float))
+    delta = float(coerce_value("privacy.delta", pr.get("delta", PrivacySpec.delta), float))
+    if not (math.isfinite(eps) and eps > 0):
+        raise ConfigError("privacy.target_epsilon", f"{eps!r} must be > 0", "choose e.g. 2")
+    dataset = parse_dataset(raw)
+    n = nominal_train_size(dataset) or n_train
+    if n is None:
+        raise ConfigError("dataset", f"space: auto sizes the search on the training split, and a {dataset.name}'s "
+                          "size is counted, not published", "pass --n-train N (dptune plan); dptune search counts it")
+    ds_raw = {k: v for k, v in dataclasses.asdict(dataset).items()
+              if v != DatasetSpec.__dataclass_fields__[k].default or k in (raw.get("dataset") or {})}
+    facts = auto.facts_of(dataclasses.asdict(dataset), n_train=n, target_epsilon=eps, delta=delta,
+                          hardware=hardware)
+    return auto.derive(ds_raw, facts, name=raw.get("name")), facts
 
 
 def _section(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -64,15 +94,24 @@ def _section(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> dict
     return dict(value)
 
 
-def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
-    """A validated :class:`SearchSpace` from a YAML mapping (ConfigError naming the key otherwise)."""
+def parse_space(raw: Any, source: str | None = None, *, n_train: int | None = None,
+                hardware: str = "cpu") -> SearchSpace:
+    """A validated :class:`SearchSpace` from a YAML mapping (ConfigError naming the key otherwise). ``space: auto``
+    derives everything but the data and the budget from public facts (:mod:`dptune.config.auto`): ``n_train`` is
+    the training split's size where the dataset's reader does not publish it (a table's or folder's, counted),
+    ``hardware`` the hardware named (cpu or gpu)."""
     if not isinstance(raw, Mapping):
         raise ConfigError("search space", "the file is not a YAML mapping", "see search_spaces/digits.yaml")
+    if auto.is_auto(raw):
+        derived, facts = _derive_auto(raw, n_train, hardware)
+        space_obj = parse_space(derived, source)
+        return dataclasses.replace(space_obj, auto={"rules": auto.RULES_VERSION, "facts": facts.to_dict(),
+                                                    "space": derived})
     unknown = sorted(set(raw) - set(_TOP_KEYS))
     if unknown:
         raise ConfigError(unknown[0], "unknown top-level key", f"use only: {', '.join(_TOP_KEYS)}")
     name = raw.get("name") or (Path(source).stem if source else "space")
-    dataset = _parse_dataset(raw)
+    dataset = parse_dataset(raw)
     privacy = _parse_privacy(raw)
     check_privacy(privacy, public_validation=dataset.public_validation)
     fixed, space = _parse_trials(raw, None if dataset.public_validation else privacy.trial_score_noise)
@@ -83,7 +122,7 @@ def parse_space(raw: Any, source: str | None = None) -> SearchSpace:
     planner = specs.with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, planner=planner, **_parse_search(raw, privacy),
-                            alc=specs.parse_alc(raw.get("alc"), _parse_dataset))
+                            alc=specs.parse_alc(raw.get("alc"), parse_dataset))
     check_space(space_obj)  # the rules every space obeys, however it was built (the API and CLIs call it too)
     return space_obj
 
@@ -115,7 +154,7 @@ def _parse_privacy(raw: Mapping[str, Any]) -> PrivacySpec:
     return dataclasses.replace(privacy, stopping_settings=tuple(sorted(settings.items())))
 
 
-def _parse_dataset(raw: Mapping[str, Any]) -> DatasetSpec:
+def parse_dataset(raw: Mapping[str, Any]) -> DatasetSpec:
     ds = _section(raw, "dataset", tuple(f.name for f in dataclasses.fields(DatasetSpec)))
     dataset = DatasetSpec(**{k: coerce_value(f"dataset.{k}", v, DatasetSpec.__dataclass_fields__[k].type)
                              for k, v in ds.items()})

@@ -328,6 +328,8 @@ class SearchSpace:
         source: Internal: the file the space was read from.
         planner: The priors of the verdict "is this search expected to pay" (``planner:``).
         alc: Adaptive layerwise clipping's public data (``alc:``; with clipping alc only).
+        auto: ``space: auto``: the public facts the space was derived from (``dptune.config.auto``), the rules'
+            version and the derived space file; None for a space written by hand.
     """
 
     name: str
@@ -344,6 +346,8 @@ class SearchSpace:
     source: str | None = None
     planner: PlannerSpec = PlannerSpec()
     alc: specs.AlcSpec | None = None  # adaptive layerwise clipping: its public data (fixed.clipping: alc)
+    # space: auto: the public facts it was derived from, the rules' version and the derived space file (a mapping)
+    auto: dict[str, Any] | None = None
 
     @property
     def accounting(self) -> str:

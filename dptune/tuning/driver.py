@@ -32,6 +32,7 @@ from dptune.errors import ConfigError, check_delta
 from dptune.ledger import Charge, Ledger, LedgerLocation, ledger_location
 from dptune.release import (
     day_of,
+    public_auto,
     release_document,
     released_params,
     search_certificate,
@@ -84,7 +85,8 @@ def run_spec(space: SearchSpace) -> dict[str, Any]:
             "tune_fraction": space.tune_fraction, **({"sealed_params": "final-run"} if space.transfers else {}),
             # sealed_params: a search planning its final run seals final-run params (an older scaled search sealed
             # its trials'; the key tells them apart); the lr's batch scaling only when set, as before it existed
-            **{k: getattr(space, k) for k in ("lr_reference_batch", "lr_batch_power") if space.lr_reference_batch is not None}}
+            **{k: getattr(space, k) for k in ("lr_reference_batch", "lr_batch_power") if space.lr_reference_batch is not None},
+            **({"auto": {"rules": space.auto["rules"], "facts": space.auto["facts"]}} if space.auto is not None else {})}
 
 
 def _privacy_spec(p: PrivacySpec) -> dict[str, Any]:  # JSON-stable: the rule's settings as a mapping
@@ -356,7 +358,8 @@ def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, char
     if req.ray.save_model and best is not None and best.checkpoint:
         checkpoint = Path(best.checkpoint) / "model.pt"
     cert = write_release(run.release, document, cert, ledger=ledger, tokens=[charge.token], mtime=charge.created,
-                         checkpoint=checkpoint)
+                         checkpoint=checkpoint,
+                         auto_space=public_auto(req.space) if req.space.auto is not None else None)
     ledger.commit(charge.id)
     run.write_state(status="released")
     return SearchOutcome(run, document, cert.epsilon, cert.delta, p.plan.stopping.label(), dashboard)
