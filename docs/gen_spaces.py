@@ -204,7 +204,8 @@ def generate() -> str:
         "dataset": "The data and its split: [`dataset:`](#dataset).",
         "model": "The network: [`model:`](#model).",
         "fixed": "Trial settings every trial shares: [`fixed:`](#fixed).",
-        "space": "The searched hyperparameters, each a distribution: [`space:` and `default:`](#space-and-default).",
+        "space": "The searched hyperparameters, each a distribution: [`space:` and `default:`](#space-and-default); "
+                 "or `auto`: the whole space derived from the data's public facts and the budget ([space: auto](auto.md)).",
         "default": "The value of each searched hyperparameter released when the search draws K = 0 trials: "
                    "[`space:` and `default:`](#space-and-default).",
         "privacy": "The privacy settings: [`privacy:`](#privacy).",

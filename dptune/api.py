@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dptune.accounting import Plan, plan_search
 from dptune.certificate import Certificate, load_certificate
 from dptune.config import SearchSpace, check_space, load_space, nominal_train_size, parse_space
@@ -33,9 +35,10 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
     if isinstance(space, SearchSpace):
         out = space
     elif isinstance(space, Mapping):
-        out = parse_space(dict(space), source=None)
+        out = parse_space(dict(space), source=None, n_train=_auto_size(space))
     else:
-        out = load_space(space)
+        raw = yaml.safe_load(Path(space).read_text()) if Path(space).is_file() else None
+        out = load_space(space, n_train=_auto_size(raw) if isinstance(raw, Mapping) else None)
     changes: dict[str, Any] = {}
     if tune_fraction is not None:
         changes["tune_fraction"] = check_unit_interval("tune_fraction", tune_fraction, "choose e.g. 0.25, or 1",
@@ -50,12 +53,29 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
     return out
 
 
+def _auto_size(raw: Mapping[str, Any]) -> int | None:
+    """A ``space: auto`` mapping on a table or folder: its counted training split (the space is sized on it)."""
+    from dptune.config import auto
+    from dptune.config.load import parse_dataset
+
+    if not auto.is_auto(raw):
+        return None
+    spec = parse_dataset(raw)
+    if nominal_train_size(spec) is not None:
+        return None
+    from dptune.data import train_size
+
+    return train_size(spec)
+
+
 def plan(space: str | Path | Mapping[str, Any] | SearchSpace, *, n_train: int | None = None,
          tune_fraction: float | None = None, epochs: float | None = None) -> Plan:
     """The charge of a search over ``space`` (the worst case over it), before anything touches data; ``epochs``
     and ``tune_fraction`` as :func:`search` takes them, so the plan is the charge of that search."""
     s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     n = n_train if n_train is not None else nominal_train_size(s.dataset)
+    if n is None and s.auto is not None:  # a derived space on a table or folder: sized on its counted split
+        n = s.auto["facts"]["n_train"]
     if n is None:
         raise ConfigError("n_train", f"dataset {s.dataset.name!r} has no nominal size", "pass n_train=…")
     return plan_search(s, int(n))

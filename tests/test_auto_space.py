@@ -184,3 +184,15 @@ def test_a_derived_search_releases_and_binds_its_space(tmp_path: Path, isolated_
     t = run_cli(["-m", "dptune.train", "--release", str(release), "--out", str(tmp_path / "final"), "--ledger",
                  str(ledger), "--epochs", "1"], isolated_env)
     assert t.returncode == 2 and "auto_space.yaml" in t.stderr, t.stderr
+
+
+def test_the_api_plans_a_derived_space_on_a_counted_table(tmp_path: Path) -> None:
+    import dptune
+
+    raw = {"dataset": _table_data(_table(tmp_path / "t.parquet", 1)), "privacy": {"target_epsilon": 4},
+           "space": "auto"}
+    plan = dptune.plan(raw)
+    assert plan.n_train == 300 and 0 < plan.search_epsilon <= 1.2 * (1 + 1e-6)
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert dptune.plan(str(path)).search_epsilon == plan.search_epsilon

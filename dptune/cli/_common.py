@@ -150,15 +150,12 @@ def _data_section(text: str) -> dict[str, Any]:
 
 def _counted_train_size(raw: dict[str, Any]) -> int | None:
     """A table's or image folder's training split, counted (its size only; the search reads the same data)."""
-    from dptune.config import DatasetSpec, nominal_train_size
+    from dptune.config import nominal_train_size
     from dptune.config.load import parse_dataset
+    from dptune.data import train_size
 
-    spec: DatasetSpec = parse_dataset(raw)
-    if nominal_train_size(spec) is not None:
-        return None
-    from dptune.data import load_dataset
-
-    return int(len(load_dataset(spec).train[1]))
+    spec = parse_dataset(raw)
+    return None if nominal_train_size(spec) is not None else train_size(spec)
 
 
 def auto_text(released: dict[str, Any]) -> str:

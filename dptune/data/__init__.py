@@ -10,7 +10,7 @@ from dptune.data._splits import Splits, poisson_subsample
 from dptune.data._table import load_table
 from dptune.data._vision import READERS, check_planned_size, load_vision
 
-__all__ = ["Splits", "augment_views", "check_planned_size", "load_dataset", "poisson_subsample"]
+__all__ = ["Splits", "augment_views", "check_planned_size", "load_dataset", "poisson_subsample", "train_size"]
 
 
 def load_dataset(spec: DatasetSpec) -> Splits:
@@ -25,3 +25,12 @@ def load_dataset(spec: DatasetSpec) -> Splits:
         return load_table(spec)
     raise ConfigError("dataset.name", f"unknown dataset {spec.name!r}",
                       f"use one of: digits, {', '.join(READERS)}, imagefolder, table")
+
+
+def train_size(spec: DatasetSpec) -> int:
+    """The training split's size: published (digits, torchvision's readers) or counted (a table's rows, a folder's
+    images; the count only, which the search uses anyway)."""
+    from dptune.config import nominal_train_size
+
+    n = nominal_train_size(spec)
+    return int(n) if n is not None else int(len(load_dataset(spec).train[1]))
