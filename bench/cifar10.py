@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pickle
 import platform
 import resource
 import sys
@@ -36,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from harness.synthetic import write_synthetic_cifar
 
 from dptune.accounting import calibrate_noise_multiplier, epsilon, sampling_rate, trial_event, trial_steps
 from dptune.config import DatasetSpec, TrialConfig, load_space
@@ -51,31 +50,7 @@ SPACES = {"resnet9": ROOT / "search_spaces" / "cifar10_resnet9.yaml",
           "wrn16_4": ROOT / "search_spaces" / "cifar10_wrn16_4.yaml"}
 SEED_SETTING: dict[str, Any] = {"model": "resnet9", "target_epsilon": 7.5, "batch_size": 1024, "optimizer": "nadam",
                 "learning_rate": 1e-3, "delta": 1e-5}
-SMOKE_PER_BATCH, SMOKE_TEST, SMOKE_VAL, SMOKE_STEPS = 64, 64, 64, 1
-
-
-def write_synthetic_cifar(folder: Path, per_batch: int = SMOKE_PER_BATCH, n_test: int = SMOKE_TEST,
-                          seed: int = 0) -> Path:
-    """A CIFAR-10 python-batches folder (same pickle layout as cifar-10-python.tar.gz) of random images
-    whose labels are learnable (class-dependent mean colour), so a short run can beat chance."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    palette = rng.integers(40, 216, (10, 3))
-
-    def batch(n: int, name: str) -> dict[str, Any]:
-        labels = rng.integers(0, 10, n)
-        base = np.repeat(palette[labels], 1024, axis=1)  # (n, 3*1024): R plane, G plane, B plane
-        data = np.clip(base + rng.normal(0, 40, base.shape), 0, 255).astype(np.uint8)
-        return {"batch_label": name, "labels": [int(v) for v in labels], "data": data,
-                "filenames": [f"{name}_{i}.png" for i in range(n)]}
-
-    # string keys, as torchvision reads the original Python 2 pickles (encoding="latin1")
-    for i in range(1, 6):
-        (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch(per_batch, f"data_batch_{i}"), protocol=2))
-    (folder / "test_batch").write_bytes(pickle.dumps(batch(n_test, "test_batch"), protocol=2))
-    meta = {"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": per_batch, "num_vis": 3072}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
-    return folder
+SMOKE_VAL, SMOKE_STEPS = 64, 1
 
 
 def pick_device(name: str) -> str:

@@ -6,12 +6,15 @@
 #   mnist   the issue-21 main job: search_spaces/mnist.yaml through Ray with --gpus-per-trial auto, then the
 #           printed dptune.train command at the space's target epsilon (2), on CUDA
 #   digits  the README main job (digits) through Ray with --gpus-per-trial auto, then the printed final training
+#   pack    trials per GPU-hour, one trial per GPU (--gpus-per-trial 1) against four packed on it (0.25), side by
+#           side, for the MNIST space and the CIFAR-10 ResNet-9 space (synthetic CIFAR-format data): bench/gpu_pack.py
+#           (issue 44; under 6 minutes; $OUT/gpu_pack.json)
 # nvidia-smi logs which processes hold the GPU while the searches run. Results under $OUT
 # (bench/results/gpu_check.md says what was seen).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${*:-tests engines mnist digits}
+STAGES=${*:-tests engines mnist digits pack}
 nvidia-smi -L
 python3 -c "import torch, ray, opacus, dp_accounting, optuna; print('torch', torch.__version__, 'ray', ray.__version__, 'opacus', opacus.__version__)"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv -l 1 > "$OUT/smi.log" 2>&1 &
@@ -39,6 +42,10 @@ for stage in $STAGES; do
            python3 -c "from dptune.trials import read_trials as r; print('mnist trial devices:', sorted({t.measured.get('device') for t in r('runs/gpu-mnist/sealed/trials.parquet')}))" 2>&1 | tail -1
            SECONDS=0; final "$OUT/search_mnist.log" 120 > "$OUT/train_mnist.log" 2>&1
            echo "train rc=$? ${SECONDS}s"; tail -12 "$OUT/train_mnist.log" ;;
+    pack) SECONDS=0
+           timeout 330 python3 bench/gpu_pack.py --mnist .gpu --num-cpus 16 --out "$OUT/gpu_pack.json" \
+             > "$OUT/gpu_pack.log" 2>&1
+           echo "pack rc=$? ${SECONDS}s"; grep -E "^=== |^space |^(mnist|cifar10_resnet9)|Error|error:" "$OUT/gpu_pack.log" | tail -20 ;;
     digits) SECONDS=0
            timeout 200 python3 -m dptune.search --space search_spaces/digits.yaml --ledger runs/ledger.sqlite \
              --budget-epsilon 30 --name gpu --num-cpus 8 > "$OUT/search.log" 2>&1

@@ -114,13 +114,16 @@ class SearchResult:
 def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilon: float | None = None,
            budget_delta: float | None = None, ledger: str | Path | None = None,
            runs_dir: str | Path = "runs", name: str | None = None, tune_fraction: float | None = None,
-           epochs: float | None = None, num_cpus: int | None = None, address: str | None = None,
-           cpus_per_trial: float = 1.0, gpus_per_trial: str = "auto", save_checkpoint: bool = False,
+           epochs: float | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
+           address: str | None = None, cpus_per_trial: float = 1.0, gpus_per_trial: str = "auto",
+           save_checkpoint: bool = False,
            resume: bool = False, seed: int | None = None, tune_anyway: bool = False) -> SearchResult:
     """Run a private search (charged to ``ledger`` before any trial) and return its release.
     ``ledger``: a SQLite file or a ``postgresql://`` URL; default the CLI's (``$DPTUNE_LEDGER``, else
     :func:`dptune.ledger.default_ledger_path`).
     ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay.
+    ``gpus_per_trial``: ``auto`` (1 where Ray has a GPU), 0, or a fraction: 0.25 packs four trials on each GPU
+    (``cpus_per_trial`` each); ``num_gpus``: the GPUs a local Ray offers (default: those it detects).
 
     Raises :class:`dptune.ConfigError` before anything is charged for bad input; once charged, a search that is
     interrupted or fails raises ``SearchStopped``: nothing released, the charge reserved, and its message ends
@@ -133,7 +136,7 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
 
     s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     run_name = name or default_run_name(s)
-    ray = RayOptions(address=address, num_cpus=num_cpus, cpus_per_trial=cpus_per_trial,
+    ray = RayOptions(address=address, num_cpus=num_cpus, num_gpus=num_gpus, cpus_per_trial=cpus_per_trial,
                      gpus_per_trial=gpus_per_trial, save_model=save_checkpoint)
     try:
         out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name,

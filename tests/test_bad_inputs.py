@@ -186,6 +186,10 @@ CASES: list[tuple[str, Callable[[dict[str, Path]], list[str]], str]] = [
     ("search", lambda w: ["--space", str(SPACE), "--resume", "--name", "never-ran"], "--resume"),
     ("search", lambda w: ["--space", str(SPACE), "--name", "over"], "budget"),  # over budget: 2.9 + 2.9 > 4
     ("search", lambda w: ["--space", str(SPACE), "--cpus-per-trial", "0"], "--cpus-per-trial"),
+    ("search", lambda w: ["--space", str(SPACE), "--gpus-per-trial", "a quarter"], "--gpus-per-trial"),
+    ("search", lambda w: ["--space", str(SPACE), "--num-gpus", "0", "--gpus-per-trial", "0.25"],
+     "--gpus-per-trial"),  # no GPU for the local Ray: refused before the charge (issue 44), not after Ray starts
+    ("search", lambda w: ["--space", str(SPACE), "--num-gpus", "-1"], "--num-gpus"),
     ("search", lambda w: ["--space", str(SPACE), "--ledger", str(w["base"] / "fresh.sqlite"), "--budget-epsilon", "3",
                           "--budget-delta", "0.5"], "--budget-delta"),  # δ ≥ 1/n for a budget (issue 22 item 4)
     ("search", lambda w: ["--space", str(w["big_delta"])], "privacy.delta"),  # δ ≥ 1/n (issue item 12)

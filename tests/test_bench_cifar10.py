@@ -25,10 +25,15 @@ FIELDS = ("device", "model", "steps", "train_seconds", "steps_per_s", "examples_
 
 
 def _bench() -> ModuleType:
+    """bench/cifar10.py as ``python bench/cifar10.py`` imports it (bench/ on sys.path: its ``harness``)."""
     spec = importlib.util.spec_from_file_location("bench_cifar10", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH.parent))
     return module
 
 

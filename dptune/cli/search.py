@@ -44,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="join a Ray cluster: auto or HOST:PORT (default: start a local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--cpus-per-trial", type=float, default=1.0)
-    p.add_argument("--gpus-per-trial", default="auto", help="auto (1 if the cluster has GPUs), 0, or a fraction")
+    p.add_argument("--num-gpus", type=int, help="GPUs of the local Ray (default: those it detects)")
+    p.add_argument("--gpus-per-trial", default="auto",
+                   help="auto (1 if the cluster has GPUs), 0, or a fraction: 0.25 packs four trials on each GPU")
     p.add_argument("--dashboard-host", default="127.0.0.1",
                    help="bind the local Ray dashboard here (default loopback; anything else is unauthenticated "
                         "remote access to your cluster)")
@@ -97,7 +99,7 @@ def _apply_overrides(space: SearchSpace, args: argparse.Namespace) -> SearchSpac
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    for name in ("num_cpus", "max_failures", "checkpoint_every"):
+    for name in ("num_cpus", "num_gpus", "max_failures", "checkpoint_every"):
         v = getattr(args, name)
         if v is not None and v < 0:
             raise ConfigError(f"--{name.replace('_', '-')}", f"{v} is negative", "give a number >= 0")
@@ -142,7 +144,8 @@ def _request(args: argparse.Namespace) -> SearchRequest:
     name = args.name or default_run_name(space)
     if args.resume and not args.name:
         raise ConfigError("--resume", "needs the --name of the interrupted search", "give --name NAME")
-    ray = RayOptions(address=args.address, num_cpus=args.num_cpus, cpus_per_trial=args.cpus_per_trial,
+    ray = RayOptions(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+                     cpus_per_trial=args.cpus_per_trial,
                      gpus_per_trial=args.gpus_per_trial, dashboard_host=args.dashboard_host,
                      dashboard_port=args.dashboard_port, max_failures=args.max_failures,
                      checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint,

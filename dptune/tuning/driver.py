@@ -44,7 +44,7 @@ from dptune.trials import TrialRow, write_trials
 from dptune.tuning.budgets import budget_keys
 from dptune.tuning.draw import Draw, make_draw
 from dptune.tuning.failures import SearchStopped, is_interrupt, safely, stopped, watch_for_sudden_death
-from dptune.tuning.options import RayOptions, check_auth_mode, check_token_file
+from dptune.tuning.options import RayOptions, check_auth_mode, check_gpus, check_token_file
 from dptune.tuning.precharge import check_public, ledger_warnings, validate_models, verdict, with_layer_clip
 
 __all__ = ["SearchOutcome", "SearchRequest", "SearchStopped", "run_search", "run_spec", "sealed_run_spec"]
@@ -287,6 +287,7 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
     req = absolute_paths(req)  # Ray reads a relative path as a URI without a scheme (Tuner.restore fails)
     check_auth_mode()  # RAY_AUTH_MODE=disabled in the environment is refused before anything is charged
     check_token_file(create=False)  # a world-readable Ray token is refused before anything is charged
+    check_gpus(req.ray)  # GPUs per trial against a local Ray's GPUs: refused before anything is charged
     run = RunDir(req.run_dir)
     # the first line within a second of the call, before the slow part (torch, the data, the models' probes)
     say(f"dptune search {run.root.name!r}{' (resuming)' if req.resume else ''}: space {req.space.name}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -9,13 +10,16 @@ from pathlib import Path
 
 from dptune.errors import ConfigError
 
-__all__ = ["RayOptions", "check_auth_mode", "check_token_file"]
+__all__ = ["RayOptions", "check_auth_mode", "check_gpus", "check_token_file", "gpus_per_trial"]
 
 
 @dataclass(frozen=True)
 class RayOptions:
     address: str | None = None
     num_cpus: int | None = None
+    # GPUs a local Ray offers (default: the GPUs it detects); a trial asks for gpus_per_trial of them, so a
+    # fraction g packs floor(1/g) trials on each GPU, CPUs allowing (cpus_per_trial each)
+    num_gpus: int | None = None
     cpus_per_trial: float = 1.0
     gpus_per_trial: str = "auto"
     dashboard_host: str = "127.0.0.1"
@@ -30,6 +34,47 @@ class RayOptions:
     # shipped with Ray's runtime_env py_modules
     py_modules: tuple[str, ...] = ()
     job_metadata: dict[str, str] = field(default_factory=dict)
+
+
+def gpus_per_trial(value: str, cluster_gpus: float) -> float:
+    """The GPUs each trial asks Ray for: ``auto`` is 1 where the cluster has a GPU, else 0; a number is taken as
+    given (0.25: four trials share each GPU)."""
+    if value == "auto":
+        return 1.0 if cluster_gpus >= 1 else 0.0
+    try:
+        g = float(value)
+    except ValueError as e:
+        raise ConfigError("--gpus-per-trial", f"{value!r} is not a number",
+                          "give auto, 0, a fraction like 0.25 (four trials per GPU), or a whole number") from e
+    if not math.isfinite(g) or g < 0:
+        raise ConfigError("--gpus-per-trial", f"{value} is not a number >= 0", "give auto, 0, or e.g. 0.25 or 1")
+    if g > 1 and not g.is_integer():
+        raise ConfigError("--gpus-per-trial", f"{g:g} is above 1 but not whole (Ray grants a fraction of one GPU, "
+                          "or whole GPUs)", f"give {math.floor(g)} or {math.ceil(g)}, or a fraction <= 1")
+    if g > 0 and cluster_gpus == 0:
+        raise ConfigError("--gpus-per-trial", f"{g:g} GPU(s) per trial requested but the Ray cluster has no GPU",
+                          "use --gpus-per-trial 0 (CPU) or auto, or run where Ray has GPUs")
+    return g
+
+
+def check_gpus(opts: RayOptions) -> None:
+    """``--gpus-per-trial`` against the GPUs a local Ray will have (``num_gpus``, else the GPUs torch sees),
+    before anything is charged: a trial that asks for more than there is would wait for ever. A cluster
+    (``address``) is checked once Ray has joined it (:mod:`dptune.tuning.runner`); it may also grow."""
+    if opts.num_gpus is not None and opts.num_gpus < 0:
+        raise ConfigError("--num-gpus", f"{opts.num_gpus} is negative", "give a number >= 0, or leave it out")
+    if opts.address:
+        gpus_per_trial(opts.gpus_per_trial, 1.0)  # its form only
+        return
+    have = opts.num_gpus
+    if have is None:
+        import torch
+
+        have = torch.cuda.device_count()
+    g = gpus_per_trial(opts.gpus_per_trial, float(have))
+    if g > have:
+        raise ConfigError("--gpus-per-trial", f"{g:g} GPUs per trial but this machine's Ray has {have}",
+                          f"give at most {have}, or a fraction such as 0.25 to pack trials on a GPU")
 
 
 def check_auth_mode() -> None:

@@ -325,7 +325,7 @@ class RaySession:
             _loopback_node()
             # address="local": always a new private instance, never a Ray someone else advertised here; no
             # Ray Client server is started by a local ray.init
-            ctx = ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=True,
+            ctx = ray.init(address="local", num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=True,
                            dashboard_host=opts.dashboard_host, log_to_driver=False, job_config=job_config,
                            logging_level=logging.WARNING, _temp_dir=self.temp_dir, **kwargs)
         for name in ("ray.tune", "ray.train", "ray.air"):  # their warnings can count trials

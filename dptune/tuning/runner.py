@@ -26,11 +26,10 @@ from ray.tune import Callback, ProgressReporter
 
 from dptune.config import SearchSpace
 from dptune.config.searchers import searcher
-from dptune.errors import ConfigError
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow
 from dptune.tuning.draw import Draw
-from dptune.tuning.options import RayOptions
+from dptune.tuning.options import RayOptions, gpus_per_trial
 from dptune.tuning.raylog import SealedLog, sealed_ray_logs
 from dptune.tuning.search_alg import search_alg
 from dptune.tuning.trainable import dptune_trial
@@ -100,20 +99,7 @@ class SearchFailed(Exception):
 
 
 def _gpus(opts: RayOptions) -> float:
-    have = float(ray.cluster_resources().get("GPU", 0.0))
-    if opts.gpus_per_trial == "auto":
-        return 1.0 if have >= 1 else 0.0
-    try:
-        g = float(opts.gpus_per_trial)
-    except ValueError as e:
-        raise ConfigError("--gpus-per-trial", f"{opts.gpus_per_trial!r} is not a number",
-                          "give auto, 0, a fraction like 0.5, or a whole number") from e
-    if g < 0:
-        raise ConfigError("--gpus-per-trial", f"{g} is negative", "give auto, 0, or a positive number")
-    if g > 0 and have == 0:
-        raise ConfigError("--gpus-per-trial", f"{g:g} GPU(s) requested but the Ray cluster has none",
-                          "use --gpus-per-trial 0 (CPU) or auto, or join a cluster with GPUs")
-    return g
+    return gpus_per_trial(opts.gpus_per_trial, float(ray.cluster_resources().get("GPU", 0.0)))
 
 
 def _trial_name(trial: Any) -> str:
