@@ -164,13 +164,14 @@ def test_a_derived_search_not_expected_to_pay_exits_2_with_nothing_charged(tmp_p
     assert not any((tmp_path / "runs").glob("*/sealed/state.json"))
 
 
+@pytest.mark.slow  # a whole digits search at 10-20 epochs per trial (make test-slow; CI runs it)
 def test_a_derived_search_releases_and_binds_its_space(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """A real search on digits from --data alone: the release holds auto_space.yaml, bound by the certificate,
     equal to the space the plan derives, and dptune train accepts the release."""
     ledger = tmp_path / "l.sqlite"
     r = run_cli(["-m", "dptune.search", "--data", "digits", "--target-epsilon", "8", "--tune-anyway", "--ledger",
                  str(ledger), "--budget-epsilon", "10", "--runs-dir", str(tmp_path / "runs"), "--name", "a",
-                 "--num-cpus", "2", "--smoke-test", "--seed", "3"], isolated_env, timeout=600)
+                 "--num-cpus", "2", "--seed", "3"], isolated_env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     release = tmp_path / "runs" / "a" / "release"
     derived = yaml.safe_load((release / "auto_space.yaml").read_text())
