@@ -35,14 +35,14 @@ __all__ = ["STORED_FLOATS", "BookKeepingEngine"]
 # per-example weight gradients kept between the norm pass and the clipped sum, per physical batch: 256 MiB of
 # float32 (ResNet-9's 2.4M parameters at 32 rows need 78M; hooks and functorch hold all of them at every batch size)
 STORED_FLOATS = 1 << 26
-GROUPED_MIN_POSITIONS = 256  # conv per-example gradients by grouped convolution from this many output positions
+GROUPED_MIN_POSITIONS = 1024  # conv per-example gradients by grouped convolution from this many output positions
 
 
 @dataclass
 class _Layer:
     """A layer's share of one backward: per-example gradients kept (param -> (r, *p.shape)), or its rows to redo."""
 
-    stored: list[tuple[nn.Parameter, torch.Tensor]]
+    stored: list[tuple[nn.Parameter, torch.Tensor, bool]]  # (param, per-example gradients, conv (kh, kw, C_in) order)
     redo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input rows, output-gradient rows) for the second GEMM
 
 
@@ -106,17 +106,19 @@ class BookKeepingEngine(Engine):
             sq, budget, plans = x.new_zeros(r), STORED_FLOATS, []
             for m, g in zip(self.layers, grads, strict=True):  # padding rows: zero weight, left out
                 plan = self._norms(m, self.acts[m][0][:r * k], g[:r * k], r, k, sq, budget)
-                budget -= sum(t.numel() for _, t in plan.stored)
+                budget -= sum(t.numel() for _, t, _ in plan.stored)
                 plans.append(plan)
             # An example whose gradient norm is not finite (an overflow, a NaN) contributes exactly zero: a
             # per-example rule, so the sum stays a sum of contributions of norm <= C (0 * inf would be NaN and
             # one example would decide whether the whole noised step is NaN).
             coef, drop = clip_factors(sq.sqrt(), self.clip)
             for m, plan in zip(self.layers, plans, strict=True):
-                for p, per_example in plan.stored:
+                for p, per_example, channels_last in plan.stored:
                     if drop is not None:
                         per_example = zero_rows(per_example, drop)
-                    p.grad = (coef @ per_example.reshape(r, -1)).view_as(p)
+                    summed = coef @ per_example.reshape(r, -1)
+                    p.grad = summed.view(p.shape[0], *p.shape[2:], p.shape[1]).permute(0, 3, 1, 2).contiguous() \
+                        if channels_last else summed.view_as(p)
                 if plan.redo is not None:
                     self._clipped_sum(m, *plan.redo, coef, drop, k)
         self.acts = {}
@@ -132,41 +134,42 @@ class BookKeepingEngine(Engine):
         def per_example(t: torch.Tensor) -> torch.Tensor:  # per row -> per example (its K views summed)
             return t.view(r, k, *t.shape[1:]).sum(1) if k > 1 else t
 
-        stored: list[tuple[nn.Parameter, torch.Tensor]] = []
+        stored: list[tuple[nn.Parameter, torch.Tensor, bool]] = []
         weight, bias = cast(nn.Parameter, m.weight), cast("nn.Parameter | None", m.bias)
         if self._trains(bias):
             gb = per_example(g.reshape(g.shape[0], g.shape[1], -1).sum(2) if not isinstance(m, nn.Linear)
                              else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1))
             sq += gb.square().sum(1)
-            stored.append((cast(nn.Parameter, bias), gb))
+            stored.append((cast(nn.Parameter, bias), gb, False))
         if not self._trains(weight):
             return _Layer(stored)
         if isinstance(m, nn.GroupNorm):
             xhat = F.group_norm(a, m.num_groups, eps=m.eps)
             gw = per_example((g * xhat).reshape(g.shape[0], g.shape[1], -1).sum(2))
             sq += gw.square().sum(1)
-            return _Layer([*stored, (weight, gw)])
-        storable = r * weight.numel() <= budget
+            return _Layer([*stored, (weight, gw, False)])
         if isinstance(m, nn.Conv2d):
             positions = g.shape[2] * g.shape[3]
-            if storable and positions >= GROUPED_MIN_POSITIONS:  # large maps: oneDNN's grouped weight gradient
-                gw = per_example(_conv_per_row(m, a, g))
-                sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
-                return _Layer([*stored, (weight, gw)])
-            cols = _unfold(m, a)  # (rows, d_in, positions)
-            cols = cols.view(r, k, *cols.shape[1:]).transpose(1, 2).reshape(r, cols.shape[1], -1)  # (r, d_in, T)
-            gt = g.reshape(r, k, g.shape[1], -1).transpose(1, 2).reshape(r, g.shape[1], -1)  # (r, d_out, T)
+            d_in, d_out, t = weight[0].numel(), weight.shape[0], k * positions
         else:
-            cols = a.reshape(r, -1, a.shape[-1]).transpose(1, 2)  # (r, d_in, T): extra dims and views are positions
-            gt = g.reshape(r, -1, g.shape[-1]).transpose(1, 2)  # (r, d_out, T)
-        t, d_in, d_out = cols.shape[2], cols.shape[1], gt.shape[1]
-        if storable or t * d_in * d_out <= t * t * (d_in + d_out):
-            gw = torch.bmm(gt, cols.transpose(1, 2))  # (r, d_out, d_in): each example's weight gradient
+            d_in, d_out, t = a.shape[-1], g.shape[-1], a[:1].numel() // a.shape[-1] * k
+        # Bu et al.'s choice: the materialised gradient where it costs less than the ghost norm, then kept (its clipped
+        # sum is a GEMV) while the budget lasts; else the ghost norm, and the clipped sum is recomputed
+        explicit = t * d_in * d_out <= t * t * (d_in + d_out)
+        if explicit and r * weight.numel() <= budget:
+            grouped = isinstance(m, nn.Conv2d) and positions >= GROUPED_MIN_POSITIONS  # oneDNN's grouped wgrad
+            if grouped:
+                gw = per_example(_conv_per_row(cast(nn.Conv2d, m), a, g))
+            else:
+                cols, gt = _rows(m, a, g, r, k)
+                gw = torch.bmm(gt, cols)  # (r, d_out, d_in): each example's weight gradient
             sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
-            if storable:
-                return _Layer([*stored, (weight, gw)])
+            return _Layer([*stored, (weight, gw, isinstance(m, nn.Conv2d) and not grouped)])
+        cols, gt = _rows(m, a, g, r, k)
+        if explicit:
+            sq += torch.linalg.vector_norm(torch.bmm(gt, cols).reshape(r, -1), dim=1).square()
         else:  # ghost norm: <A A^T, G G^T>
-            sq += (torch.bmm(cols.transpose(1, 2), cols) * torch.bmm(gt.transpose(1, 2), gt)).sum((1, 2))
+            sq += (torch.bmm(cols, cols.transpose(1, 2)) * torch.bmm(gt.transpose(1, 2), gt)).sum((1, 2))
         return _Layer(stored, (a, g))
 
     def _clipped_sum(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, coef: torch.Tensor,
@@ -187,15 +190,26 @@ class BookKeepingEngine(Engine):
             p.grad = torch.zeros_like(p)
 
 
+def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example, its input rows A (r, T, d_in) and output gradients G^T (r, d_out, T): T counts positions and
+    views (a Linear's extra dims are positions). A conv's d_in is ordered (kh, kw, C_in): see ``_reorder``."""
+    if isinstance(m, nn.Conv2d):
+        cols = _unfold(m, a)  # (rows, positions, d_in)
+        gt = g.flatten(2)  # (rows, d_out, positions)
+        if k > 1:
+            gt = gt.view(r, k, *gt.shape[1:]).transpose(1, 2).reshape(r, gt.shape[1], -1)
+        return cols.reshape(r, -1, cols.shape[-1]), gt
+    return a.reshape(r, -1, a.shape[-1]), g.reshape(r, -1, g.shape[-1]).transpose(1, 2)
+
+
 def _unfold(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
-    """The conv's input patches (rows, C_in·kh·kw, positions), ordered as its weight. A strided view copied once for
-    undilated convs (F.unfold's im2col runs example by example on CPU and is several times slower)."""
+    """The conv's input patches (rows, positions, kh·kw·C_in): a channels-last strided view copied once (F.unfold's
+    im2col runs example by example on CPU, and its (C_in, kh, kw)-major layout makes the batched GEMM slow)."""
     pad = cast(tuple[int, int], m.padding)
-    if m.dilation != (1, 1):
-        return F.unfold(a, m.kernel_size, m.dilation, pad, m.stride)
-    (kh, kw), (sh, sw) = m.kernel_size, m.stride
-    patches = F.pad(a, (pad[1], pad[1], pad[0], pad[0])).unfold(2, kh, sh).unfold(3, kw, sw)  # (N, C, Ho, Wo, kh, kw)
-    return patches.permute(0, 1, 4, 5, 2, 3).reshape(a.shape[0], -1, patches.shape[2] * patches.shape[3])
+    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    x = F.pad(a.permute(0, 2, 3, 1), (0, 0, pad[1], pad[1], pad[0], pad[0]))  # (N, Hp, Wp, C)
+    x = x.unfold(1, dh * (kh - 1) + 1, sh).unfold(2, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]  # (N, Ho, Wo, C, kh, kw)
+    return x.permute(0, 1, 2, 4, 5, 3).reshape(a.shape[0], x.shape[1] * x.shape[2], -1)
 
 
 def _conv_per_row(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
