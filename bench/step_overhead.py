@@ -2,7 +2,7 @@
 
     python bench/step_overhead.py [--quick] [--reps N] [--threads N] [--exact-batch] [--no-memory] [--out FILE]
 
-The DP step is the one a trial runs (``dptune.dpsgd._loop.train_epoch``): a Poisson logical batch at rate
+The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate
 q = B/N, split into physical batches of at most ``physical_batch_size`` rows by Opacus' BatchSplittingSampler,
 each padded to the loop's bucket size (``padded_size``; the padding rows carry zero weight), one engine backward
 per physical batch, then the optimizer's step: the Gaussian noise (measured, as a trial measures it) and the
