@@ -43,9 +43,9 @@ def quiet_hooks() -> Iterator[None]:
         yield
 
 
-# "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14, opacus 1.6, bench/step_overhead.py
-# --quick, DP step / non-private step): gn_cnn B=256: bookkeeping 2.17x, hooks 3.54x, functorch 3.69x,
-# ghost 3.73x; resnet9 B=32: bookkeeping 1.45x, functorch 1.60x, hooks 1.75x, ghost 2.07x.
+# "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14 at 1 thread, opacus 1.6, bench/step_overhead.py,
+# the trial's step / non-private step; bench/results/step_overhead.md): gn_cnn B=256: bookkeeping 2.02x, functorch
+# 3.97x, hooks 4.98x, ghost 4.99x; resnet9 B=32: bookkeeping 1.29x, ghost 3.01x, functorch 3.08x, hooks 3.60x.
 # WRN's weight-standardized convs are not plain Conv2d: whole-model functorch handles them.
 AUTO_CLIPPING = {"gn_cnn": "bookkeeping", "resnet9": "bookkeeping", "wrn16_4": "functorch"}
 
