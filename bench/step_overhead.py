@@ -1,10 +1,18 @@
 """Step-time overhead of DP-SGD over non-private SGD, per clipping mode, measured interleaved.
 
-    python bench/step_overhead.py [--quick] [--threads N] [--no-memory]
+    python bench/step_overhead.py [--quick] [--reps N] [--threads N] [--exact-batch] [--no-memory] [--out FILE]
 
-For each model the non-private step and the DP step of every mode run round-robin in one process (so
-machine noise hits all alike); the table shows median DP time / median non-private time. Also the
-peak RSS of a ResNet-9 DP step at physical batch 64 (in a fresh subprocess, so earlier runs don't count).
+The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate
+q = B/N, split into physical batches of at most ``physical_batch_size`` rows by Opacus' BatchSplittingSampler,
+each padded to the loop's bucket size (``padded_size``; the padding rows carry zero weight), one engine backward
+per physical batch, then the optimizer's step: the Gaussian noise (measured, as a trial measures it) and the
+SGD update. ``--exact-batch`` times the engine on exactly B rows instead (no Poisson, no padding, no meter: the
+pure per-example clipping overhead). The non-private step is plain SGD on a fixed batch of B rows.
+
+For each model the non-private step and the DP step of every mode run round-robin in one process (so machine
+noise hits all alike), each repetition on the same logical batch for every mode; the table shows median DP
+time / median non-private time. Also the peak RSS of a ResNet-9 DP step at physical batch 64 (in a fresh
+subprocess, so earlier runs don't count).
 """
 
 from __future__ import annotations
@@ -16,15 +24,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from opacus.utils.batch_memory_manager import BatchSplittingSampler
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from dptune.config import TrialConfig
+from dptune.config import TrialConfig, clipping
 from dptune.data import Splits
-from dptune.dpsgd import init_model, make_engine
+from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_size
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
+POOL = 8  # examples in the data = POOL · B, so q = 1 / POOL
 
 
 def _fake_splits(shape: tuple[int, int, int], n: int = 8) -> Splits:
@@ -32,48 +44,83 @@ def _fake_splits(shape: tuple[int, int, int], n: int = 8) -> Splits:
     return Splits((x, y), (x, y), (x, y), 10, shape)
 
 
-def _timer(fn: Callable[[], None]) -> float:
+def _timer(fn: Callable[[list[int]], None], idx: list[int]) -> float:
     t = time.perf_counter()
-    fn()
+    fn(idx)
     return time.perf_counter() - t
 
 
-def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int) -> dict[str, float]:
-    cfg = TrialConfig(model=model_name, batch_size=batch, physical_batch_size=max(batch * 2, 64),
-                      clipping="hooks", noise_multiplier=1.0, groups=16 if model_name != "gn_cnn" else 4)
+def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int], chunk: int) -> None:
+    """One logical DP step as the trial loop runs it (views 0): physical chunks, each padded to its bucket; a mode
+    that cannot accumulate (ghost) runs the logical batch whole, as the loop does (its trial needs a physical batch
+    of at least B + 4 sqrt(B), else it runs hooks)."""
+    opt = engine.optimizer
+    split = clipping.mode(engine.mode).accumulates
+    chunks = BatchSplittingSampler(sampler=[idx], max_batch_size=chunk, optimizer=opt) if split else [idx]
+    for rows in chunks:
+        if len(rows) == 0:
+            engine.empty()
+        else:
+            index = torch.as_tensor(rows)
+            xb, yb = x[index], y[index]
+            pad = padded_size(len(rows)) - len(rows)
+            if pad:
+                xb = torch.cat([xb, xb.new_zeros((pad, *xb.shape[1:]))])
+                yb = torch.cat([yb, yb.new_zeros(pad)])
+            float(engine.backward(xb, yb, 0, len(rows)))  # the loop logs the loss: a synchronisation
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool
+                ) -> tuple[dict[str, float], list[int], int]:
+    cfg = TrialConfig(model=model_name, batch_size=batch, clipping="hooks", noise_multiplier=1.0,
+                      groups=16 if model_name != "gn_cnn" else 4)
+    chunk = cfg.physical_batch_size
     data = _fake_splits(shape, n=batch)
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, *shape, generator=gen)
-    y = torch.randint(0, 10, (batch,), generator=gen)
+    n = POOL * batch
+    x = torch.randn(n, *shape, generator=gen)
+    y = torch.randint(0, 10, (n,), generator=gen)
+    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=batch / n, steps=reps + 2,
+                                            generator=torch.Generator().manual_seed(2))
+    logical = [list(b) for b in sampler]
+    if exact:
+        logical = [list(range(batch))] * (reps + 2)
+    xb, yb = x[:batch], y[:batch]
 
     plain = init_model(cfg, data)
     sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
 
-    def plain_step() -> None:
+    def plain_step(_: list[int]) -> None:
         sgd.zero_grad(set_to_none=True)
-        F.cross_entropy(plain(x), y).backward()
+        loss = F.cross_entropy(plain(xb), yb)
+        loss.backward()
+        float(loss.detach())  # as the trial logs it
         sgd.step()
 
-    steps: dict[str, Callable[[], None]] = {"non-private": plain_step}
+    steps: dict[str, Callable[[list[int]], None]] = {"non-private": plain_step}
     for mode in MODES:
-        model = init_model(cfg, data)
-        engine = make_engine(mode, model, cfg, torch.Generator().manual_seed(1))
+        engine = make_engine(mode, init_model(cfg, data), cfg, torch.Generator().manual_seed(1),
+                             meter=None if exact else NoiseMeter())
 
-        def dp_step(engine: object = engine) -> None:
-            assert hasattr(engine, "backward")
-            engine.backward(x, y, 0)  # type: ignore[attr-defined]
-            engine.optimizer.step()  # type: ignore[attr-defined]
-            engine.optimizer.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        def dp_step(idx: list[int], engine: Engine = engine) -> None:
+            if exact:
+                engine.backward(xb, yb, 0)
+                engine.optimizer.step()
+                engine.optimizer.zero_grad(set_to_none=True)
+            else:
+                trial_step(engine, x, y, idx, chunk)
 
         steps[mode] = dp_step
-    for fn in steps.values():  # warm-up (allocator, vmap tracing)
-        fn()
-        fn()
+    for idx in logical[:2]:  # warm-up (allocator, vmap tracing, oneDNN kernels)
+        for fn in steps.values():
+            fn(idx)
     times: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(reps):
+    for idx in logical[2:]:
         for k, fn in steps.items():
-            times[k].append(_timer(fn))
-    return {k: statistics.median(v) for k, v in times.items()}
+            times[k].append(_timer(fn, idx))
+    return {k: statistics.median(v) for k, v in times.items()}, [len(b) for b in logical[2:]], chunk
 
 
 def peak_rss_child() -> None:
@@ -93,8 +140,11 @@ def peak_rss_child() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
+    ap.add_argument("--reps", type=int, default=0, help="repetitions per model (0: 30 for gn_cnn, 8 for resnet9)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--exact-batch", action="store_true", help="the engine alone on exactly B rows")
     ap.add_argument("--no-memory", action="store_true", help="skip the ResNet-9 peak-RSS measurement")
+    ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -102,17 +152,29 @@ def main() -> None:
     if args.rss_child:
         peak_rss_child()
         return
-    cases = [("gn_cnn", (1, 8, 8), 256, 30 if not args.quick else 5),
-             ("resnet9", (3, 32, 32), 32, 8 if not args.quick else 2)]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ratio = DP step / non-private step")
-    print(f"{'model':10} {'B':>4} {'non-private ms':>15} " + " ".join(f"{m:>10}" for m in MODES))
+    t0 = time.perf_counter()
+    cases = [("gn_cnn", (1, 8, 8), 256, 5 if args.quick else (args.reps or 30)),
+             ("resnet9", (3, 32, 32), 32, 2 if args.quick else (args.reps or 8))]
+    what = "engine on exactly B rows" if args.exact_batch else "trial step: Poisson batch, physical chunks, padding, noise"
+    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; DP step = {what}; "
+             "ratio = median DP step / median non-private step (interleaved)", "",
+             "| model | B | physical | reps | logical batch sizes | non-private ms | " + " | ".join(MODES) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(MODES)]
+    print(lines[0])
     for name, shape, batch, reps in cases:
-        med = bench_model(name, shape, batch, reps)
+        med, sizes, chunk = bench_model(name, shape, batch, reps, args.exact_batch)
         base = med["non-private"]
-        print(f"{name:10} {batch:>4} {base * 1e3:>15.1f} " + " ".join(f"{med[m] / base:>9.2f}x" for m in MODES))
+        lines.append(f"| {name} | {batch} | {chunk} | {reps} | {min(sizes)}-{max(sizes)} (median "
+                     f"{statistics.median(sizes):g}) | {base * 1e3:.1f} | "
+                     + " | ".join(f"{med[m] / base:.2f}x" for m in MODES) + " |")
+        print(lines[-1], flush=True)
     if not args.no_memory:
         out = subprocess.run([sys.executable, __file__, "--rss-child"], capture_output=True, text=True, check=True)
-        print("ResNet-9 DP step, physical batch 64, peak RSS GiB (cumulative over modes):", out.stdout.strip())
+        lines += ["", "ResNet-9 DP step, physical batch 64, peak RSS GiB (cumulative over modes): " + out.stdout.strip()]
+        print(lines[-1])
+    lines += ["", f"wall time {time.perf_counter() - t0:.0f} s"]
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The privacy-relevant numbers (q, σ, T) come from :mod:`dptune.config.params`, the one formula the accountant uses
 too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical steps, counted here.
 
-Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines),
+Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines; book-keeping's in ``_bookkeeping``),
 ``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
@@ -17,10 +17,12 @@ uses them).
 from dptune.dpsgd._alc import layer_constants, public_examples
 from dptune.dpsgd._audit import BUGS, AuditHooks
 from dptune.dpsgd._batchclip import BatchClipEngine
+from dptune.dpsgd._bookkeeping import BookKeepingEngine
 from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import padded_size
+from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import load_model, save_model
 from dptune.dpsgd._streams import TrialStreams
@@ -31,8 +33,10 @@ __all__ = [
     "AUTO_CLIPPING",
     "BUGS",
     "BatchClipEngine",
+    "BookKeepingEngine",
     "AuditHooks",
     "ChargeMismatch",
+    "NoiseMeter",
     "ENGINES",
     "Engine",
     "ScoreRelease",

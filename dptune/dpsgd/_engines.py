@@ -19,7 +19,6 @@ from opacus.grad_sample import GradSampleModule
 from opacus.optimizers import DPOptimizer
 from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from torch import nn
-from torch.nn.grad import conv2d_weight
 
 from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.config.params import sampling_rate
@@ -28,8 +27,6 @@ from dptune.dpsgd._optim import (
     GhostClippingModule,
     NoiseMeter,
     SummedDPOptimizer,
-    clip_factors,
-    zero_rows,
 )
 
 __all__ = ["AUTO_CLIPPING", "ENGINES", "Engine", "engine", "engine_mode", "make_engine", "quiet_hooks",
@@ -46,9 +43,9 @@ def quiet_hooks() -> Iterator[None]:
         yield
 
 
-# "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14, opacus 1.6, bench/step_overhead.py
-# --quick, DP step / non-private step): gn_cnn B=256: bookkeeping 2.17x, hooks 3.54x, functorch 3.69x,
-# ghost 3.73x; resnet9 B=32: bookkeeping 1.45x, functorch 1.60x, hooks 1.75x, ghost 2.07x.
+# "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14 at 1 thread, opacus 1.6, bench/step_overhead.py,
+# the trial's step / non-private step; bench/results/step_overhead.md): gn_cnn B=256: bookkeeping 2.02x, functorch
+# 3.97x, hooks 4.98x, ghost 4.99x; resnet9 B=32: bookkeeping 1.29x, ghost 3.01x, functorch 3.08x, hooks 3.60x.
 # WRN's weight-standardized convs are not plain Conv2d: whole-model functorch handles them.
 AUTO_CLIPPING = {"gn_cnn": "bookkeeping", "resnet9": "bookkeeping", "wrn16_4": "functorch"}
 
@@ -231,132 +228,6 @@ def _refuse_unghostable(model: nn.Module) -> None:
                 raise ConfigError("clipping", f"ghost: parameter {name}.{pname} is also {owners[id(p)]} (a tied "
                                   "weight); ghost norms see one use of it", "set fixed.clipping: functorch")
             owners[id(p)] = f"{name}.{pname}"
-
-
-@engine("bookkeeping")
-class BookKeepingEngine(Engine):
-    """Hand-written book-keeping clipping (Bu et al. 2023) for Conv2d/Linear/GroupNorm models: one
-    backward to the layer outputs (no weight gradients), per-example norms per layer by the cheaper of
-    ghost norm <A A^T, G G^T> or materialised gradients, then each layer's clipped sum as ONE ordinary
-    weight-gradient GEMM with the outputs' gradients scaled by the clip factors. Ghost-optimizer API:
-    p.grad holds the sum of clipped per-example gradients."""
-
-    SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)  # exact types: a subclass may transform its weight
-
-    @classmethod
-    def build(cls, model: nn.Module, base: torch.optim.Optimizer, kw: dict[str, Any], config: TrialConfig) -> Engine:
-        return cls(model, SummedDPOptimizer(base, **kw), config.max_grad_norm)
-
-    def __init__(self, model: nn.Module, optimizer: DPOptimizer, max_grad_norm: float) -> None:
-        super().__init__(model, optimizer)
-        self.clip = max_grad_norm
-        self.layers = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
-        self.acts: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, int]] = {}
-        for m in self.layers:
-            m.register_forward_hook(self._save)
-
-    @classmethod
-    def supports(cls, model: nn.Module) -> bool:
-        """Only the exact layer types whose rules are written here, each with nothing but its own ``weight``
-        and ``bias`` (no extra parameter, no weight computed by a pre-forward hook as legacy weight_norm does)."""
-        return all(cls._supported(m) for m in model.modules() if list(m.parameters(recurse=False)))
-
-    @classmethod
-    def _supported(cls, m: nn.Module) -> bool:
-        names = {n for n, _ in m.named_parameters(recurse=False)}
-        if type(m) not in cls.SUPPORTED or not names <= {"weight", "bias"} or m._forward_pre_hooks:
-            return False
-        if not isinstance(getattr(m, "weight", None), nn.Parameter):
-            return False
-        return not isinstance(m, nn.Conv2d) or (m.groups == 1 and m.padding_mode == "zeros"
-                                                and isinstance(m.padding, tuple))
-
-    def _save(self, m: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        if torch.is_grad_enabled():  # training forward only, not evaluation
-            if m in self.acts:  # its rule sees one call per forward; a second call's gradient would be lost
-                raise ConfigError("clipping", f"bookkeeping: a {type(m).__name__} layer is called twice in one "
-                                  "forward pass", "set fixed.clipping: functorch (whole-model vmap: each example alone)")
-            self.acts[m] = (inputs[0].detach(), output, output._version)
-
-    def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
-        k, n = max(views, 1), len(y)
-        self.acts = {}
-        losses = F.cross_entropy(self.model(x), y.repeat_interleave(k), reduction="none")
-        losses = losses * _real_mask(n, n_real, y.device).repeat_interleave(k) / k
-        if len(self.acts) != len(self.layers):
-            raise ConfigError("clipping", "bookkeeping: a layer with trainable parameters is not called in the "
-                              "forward pass", "set fixed.clipping: functorch, or freeze the unused layer")
-        for m in self.layers:  # the saved output must be the tensor the loss was computed from
-            if self.acts[m][1]._version != self.acts[m][2]:
-                raise ConfigError("clipping", f"bookkeeping: the output of a {type(m).__name__} layer is modified "
-                                  "in place (e.g. ReLU(inplace=True), out += identity)",
-                                  "use out-of-place ops (ReLU(), out = out + identity) or fixed.clipping: functorch")
-        outs = [self.acts[m][1] for m in self.layers]
-        grads = torch.autograd.grad(losses.sum(), outs)
-        sq = x.new_zeros(n)
-        for m, g in zip(self.layers, grads, strict=True):
-            sq += self._sq_norm(m, self.acts[m][0], g, n)
-        # An example whose gradient norm is not finite (an overflow, a NaN) contributes exactly zero: a
-        # per-example rule, so the sum stays a sum of contributions of norm <= C (0 * inf would be NaN and
-        # one example would decide whether the whole noised step is NaN).
-        coef, drop = clip_factors(sq.sqrt(), self.clip)
-        coef = coef.repeat_interleave(k)
-        for m, g in zip(self.layers, grads, strict=True):
-            a = self.acts[m][0]
-            if drop is not None:
-                a, g = zero_rows(a, drop.repeat_interleave(k)), zero_rows(g, drop.repeat_interleave(k))
-            self._clipped_sum(m, a, g * coef.view(-1, *([1] * (g.dim() - 1))))
-        self.acts = {}
-        return losses.detach().sum()
-
-    @staticmethod
-    def _trains(p: object) -> bool:
-        return isinstance(p, torch.Tensor) and p.requires_grad
-
-    def _sq_norm(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, n: int) -> torch.Tensor:
-        """Per-example squared gradient norm over the layer's trainable parameters (a frozen weight adds none)."""
-        b_sq: torch.Tensor | float = 0.0
-        if isinstance(m, nn.GroupNorm):
-            gb = g.flatten(2).sum(2).view(n, -1, g.shape[1]).sum(1)
-            b_sq = (gb ** 2).sum(1) if self._trains(m.bias) else 0.0
-            if not self._trains(m.weight):
-                return a.new_zeros(n) + b_sq
-            xhat = F.group_norm(a, m.num_groups, eps=m.eps)
-            gw = (g * xhat).flatten(2).sum(2).view(n, -1, g.shape[1]).sum(1)
-            return (gw ** 2).sum(1) + b_sq
-        if isinstance(m, nn.Conv2d):
-            a = F.unfold(a, m.kernel_size, m.dilation, cast(tuple[int, ...], m.padding), m.stride).transpose(1, 2)  # (NK, T, d_in)
-            g = g.flatten(2).transpose(1, 2)  # (NK, T, d_out)
-        else:
-            a, g = a.unsqueeze(1), g.unsqueeze(1)
-        a = a.reshape(n, -1, a.shape[-1])  # the K views of an example are extra positions
-        g = g.reshape(n, -1, g.shape[-1])
-        b_sq = (g.sum(1) ** 2).sum(1) if self._trains(m.bias) else 0.0
-        if not self._trains(m.weight):
-            return a.new_zeros(n) + b_sq
-        t, d_in, d_out = a.shape[1], a.shape[2], g.shape[2]
-        if t * t * (d_in + d_out) < t * d_in * d_out:  # ghost norm is cheaper
-            w_sq = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
-        else:
-            w_sq = (torch.bmm(g.transpose(1, 2), a) ** 2).sum((1, 2))
-        return w_sq + b_sq
-
-    def _clipped_sum(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor) -> None:
-        if isinstance(m, nn.GroupNorm):
-            xhat = F.group_norm(a, m.num_groups, eps=m.eps)
-            grads = [(g * xhat).sum((0, 2, 3)), g.sum((0, 2, 3))]
-        elif isinstance(m, nn.Conv2d):
-            gw = conv2d_weight(a, m.weight.shape, g, m.stride, m.padding, m.dilation)
-            grads = [gw] + ([g.sum((0, 2, 3))] if m.bias is not None else [])
-        else:
-            grads = [g.t() @ a] + ([g.sum(0)] if m.bias is not None else [])
-        for p, gp in zip([m.weight] + ([m.bias] if m.bias is not None else []), grads, strict=True):
-            if p.requires_grad:
-                p.grad = gp
-
-    def empty(self) -> None:
-        for p in self.params:
-            p.grad = torch.zeros_like(p)
 
 
 def _real_mask(rows: int, n_real: int | None, device: torch.device) -> torch.Tensor:

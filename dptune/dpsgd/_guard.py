@@ -111,12 +111,6 @@ def probe_rows(config: TrialConfig, mode: str) -> int:
     return max(high, 1)
 
 
-def _bucket_below(padded: int) -> int:
-    """The largest padded size below ``padded`` (0 for 1): ``padded_size`` buckets are powers of two up to 32,
-    then multiples of 32."""
-    return padded // 2 if padded <= 32 else padded - 32
-
-
 def _inputs(config: TrialConfig, num_classes: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, int]:
     views = max(config.augmult, 1)
     gen = torch.Generator().manual_seed(20261125)  # synthetic inputs: no data is read

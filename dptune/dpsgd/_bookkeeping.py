@@ -1,0 +1,222 @@
+"""Book-keeping clipping (Bu et al. 2023, "Differentially private optimization on large model at small cost"): one
+backward to each layer's outputs, never to its weights; per-example gradient norms layer by layer; each layer's
+clipped sum from what the norm pass computed.
+
+Per layer (a: its input rows, g: the loss gradient at its output rows, T positions per example, d_in x d_out weight):
+
+* **stored**: the per-example weight gradients G_i^T A_i, materialised (cost T·d_in·d_out per example, one grouped
+  convolution or a batched GEMM), give the norms and, kept until every layer's norm is known, the clipped sum
+  Σ_i c_i G_i^T A_i as one matrix-vector product with the clip factors c: no second weight-gradient GEMM. Kept
+  while the physical batch's stored gradients fit ``STORED_FLOATS``.
+* **ghost / recomputed**: past that budget, the norm by the cheaper of ghost norm <A_i A_i^T, G_i G_i^T> (T²·(d_in +
+  d_out), Bu et al.'s mixed ghost clipping) and the materialised gradient; the clipped sum is then one ordinary
+  weight-gradient GEMM with the outputs' gradients scaled by the clip factors.
+
+GroupNorm's per-example gradients are C numbers per parameter: always stored. Padding rows (from ``n_real`` on)
+carry zero loss weight and are left out of both. Ghost-optimizer API: p.grad holds the sum of clipped gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.grad import conv2d_weight
+
+from dptune.config import ConfigError, TrialConfig
+from dptune.dpsgd._engines import Engine, _real_mask, engine
+from dptune.dpsgd._optim import SummedDPOptimizer, clip_factors, zero_rows
+
+__all__ = ["STORED_FLOATS", "BookKeepingEngine"]
+
+# per-example weight gradients kept between the norm pass and the clipped sum, per physical batch: 256 MiB of
+# float32 (ResNet-9's 2.4M parameters at 32 rows need 78M; hooks and functorch hold all of them at every batch size)
+STORED_FLOATS = 1 << 26
+GROUPED_MIN_POSITIONS = 1024  # conv per-example gradients by grouped convolution from this many output positions
+
+
+@dataclass
+class _Layer:
+    """A layer's share of one backward: per-example gradients kept (param -> (r, *p.shape)), or its rows to redo."""
+
+    stored: list[tuple[nn.Parameter, torch.Tensor, bool]]  # (param, per-example gradients, conv (kh, kw, C_in) order)
+    redo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input rows, output-gradient rows) for the second GEMM
+
+
+@engine("bookkeeping")
+class BookKeepingEngine(Engine):
+    """Book-keeping clipping for exactly Conv2d/Linear/GroupNorm models (module docstring)."""
+
+    SUPPORTED = (nn.Conv2d, nn.Linear, nn.GroupNorm)  # exact types: a subclass may transform its weight
+
+    @classmethod
+    def build(cls, model: nn.Module, base: torch.optim.Optimizer, kw: dict[str, Any], config: TrialConfig) -> Engine:
+        return cls(model, SummedDPOptimizer(base, **kw), config.max_grad_norm)
+
+    def __init__(self, model: nn.Module, optimizer: Any, max_grad_norm: float) -> None:
+        super().__init__(model, optimizer)
+        self.clip = max_grad_norm
+        self.layers = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+        self.acts: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        for m in self.layers:
+            m.register_forward_hook(self._save)
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        """Only the exact layer types whose rules are written here, each with nothing but its own ``weight``
+        and ``bias`` (no extra parameter, no weight computed by a pre-forward hook as legacy weight_norm does)."""
+        return all(cls._supported(m) for m in model.modules() if list(m.parameters(recurse=False)))
+
+    @classmethod
+    def _supported(cls, m: nn.Module) -> bool:
+        names = {n for n, _ in m.named_parameters(recurse=False)}
+        if type(m) not in cls.SUPPORTED or not names <= {"weight", "bias"} or m._forward_pre_hooks:
+            return False
+        if not isinstance(getattr(m, "weight", None), nn.Parameter):
+            return False
+        return not isinstance(m, nn.Conv2d) or (m.groups == 1 and m.padding_mode == "zeros"
+                                                and isinstance(m.padding, tuple))
+
+    def _save(self, m: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        if torch.is_grad_enabled():  # training forward only, not evaluation
+            if m in self.acts:  # its rule sees one call per forward; a second call's gradient would be lost
+                raise ConfigError("clipping", f"bookkeeping: a {type(m).__name__} layer is called twice in one "
+                                  "forward pass", "set fixed.clipping: functorch (whole-model vmap: each example alone)")
+            self.acts[m] = (inputs[0].detach(), output, output._version)
+
+    def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
+        k, n = max(views, 1), len(y)
+        r = n if n_real is None else n_real
+        self.acts = {}
+        losses = F.cross_entropy(self.model(x), y.repeat_interleave(k), reduction="none")
+        losses = losses * _real_mask(n, n_real, y.device).repeat_interleave(k) / k
+        if len(self.acts) != len(self.layers):
+            raise ConfigError("clipping", "bookkeeping: a layer with trainable parameters is not called in the "
+                              "forward pass", "set fixed.clipping: functorch, or freeze the unused layer")
+        for m in self.layers:  # the saved output must be the tensor the loss was computed from
+            if self.acts[m][1]._version != self.acts[m][2]:
+                raise ConfigError("clipping", f"bookkeeping: the output of a {type(m).__name__} layer is modified "
+                                  "in place (e.g. ReLU(inplace=True), out += identity)",
+                                  "use out-of-place ops (ReLU(), out = out + identity) or fixed.clipping: functorch")
+        grads = torch.autograd.grad(losses.sum(), [self.acts[m][1] for m in self.layers])
+        with torch.no_grad():
+            sq, budget, plans = x.new_zeros(r), STORED_FLOATS, []
+            for m, g in zip(self.layers, grads, strict=True):  # padding rows: zero weight, left out
+                plan = self._norms(m, self.acts[m][0][:r * k], g[:r * k], r, k, sq, budget)
+                budget -= sum(t.numel() for _, t, _ in plan.stored)
+                plans.append(plan)
+            # An example whose gradient norm is not finite (an overflow, a NaN) contributes exactly zero: a
+            # per-example rule, so the sum stays a sum of contributions of norm <= C (0 * inf would be NaN and
+            # one example would decide whether the whole noised step is NaN).
+            coef, drop = clip_factors(sq.sqrt(), self.clip)
+            for m, plan in zip(self.layers, plans, strict=True):
+                for p, per_example, channels_last in plan.stored:
+                    if drop is not None:
+                        per_example = zero_rows(per_example, drop)
+                    summed = coef @ per_example.reshape(r, -1)
+                    p.grad = summed.view(p.shape[0], *p.shape[2:], p.shape[1]).permute(0, 3, 1, 2).contiguous() \
+                        if channels_last else summed.view_as(p)
+                if plan.redo is not None:
+                    self._clipped_sum(m, *plan.redo, coef, drop, k)
+        self.acts = {}
+        return losses.detach().sum()
+
+    @staticmethod
+    def _trains(p: object) -> bool:
+        return isinstance(p, torch.Tensor) and p.requires_grad
+
+    def _norms(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor,
+               budget: int) -> _Layer:
+        """Adds the layer's per-example squared gradient norms to ``sq`` (a frozen weight adds none)."""
+        def per_example(t: torch.Tensor) -> torch.Tensor:  # per row -> per example (its K views summed)
+            return t.view(r, k, *t.shape[1:]).sum(1) if k > 1 else t
+
+        stored: list[tuple[nn.Parameter, torch.Tensor, bool]] = []
+        weight, bias = cast(nn.Parameter, m.weight), cast("nn.Parameter | None", m.bias)
+        if self._trains(bias):
+            gb = per_example(g.reshape(g.shape[0], g.shape[1], -1).sum(2) if not isinstance(m, nn.Linear)
+                             else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1))
+            sq += gb.square().sum(1)
+            stored.append((cast(nn.Parameter, bias), gb, False))
+        if not self._trains(weight):
+            return _Layer(stored)
+        if isinstance(m, nn.GroupNorm):
+            xhat = F.group_norm(a, m.num_groups, eps=m.eps)
+            gw = per_example((g * xhat).reshape(g.shape[0], g.shape[1], -1).sum(2))
+            sq += gw.square().sum(1)
+            return _Layer([*stored, (weight, gw, False)])
+        if isinstance(m, nn.Conv2d):
+            positions = g.shape[2] * g.shape[3]
+            d_in, d_out, t = weight[0].numel(), weight.shape[0], k * positions
+        else:
+            d_in, d_out, t = a.shape[-1], g.shape[-1], a[:1].numel() // a.shape[-1] * k
+        # Bu et al.'s choice: the materialised gradient where it costs less than the ghost norm, then kept (its clipped
+        # sum is a GEMV) while the budget lasts; else the ghost norm, and the clipped sum is recomputed
+        explicit = t * d_in * d_out <= t * t * (d_in + d_out)
+        if explicit and r * weight.numel() <= budget:
+            grouped = isinstance(m, nn.Conv2d) and positions >= GROUPED_MIN_POSITIONS  # oneDNN's grouped wgrad
+            if grouped:
+                gw = per_example(_conv_per_row(cast(nn.Conv2d, m), a, g))
+            else:
+                cols, gt = _rows(m, a, g, r, k)
+                gw = torch.bmm(gt, cols)  # (r, d_out, d_in): each example's weight gradient
+            sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
+            return _Layer([*stored, (weight, gw, isinstance(m, nn.Conv2d) and not grouped)])
+        cols, gt = _rows(m, a, g, r, k)
+        if explicit:
+            sq += torch.linalg.vector_norm(torch.bmm(gt, cols).reshape(r, -1), dim=1).square()
+        else:  # ghost norm: <A A^T, G G^T>
+            sq += (torch.bmm(cols, cols.transpose(1, 2)) * torch.bmm(gt.transpose(1, 2), gt)).sum((1, 2))
+        return _Layer(stored, (a, g))
+
+    def _clipped_sum(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, coef: torch.Tensor,
+                     drop: torch.Tensor | None, k: int) -> None:
+        """The weight's clipped sum as one ordinary weight-gradient GEMM of the clip-factor-scaled output gradients."""
+        c = coef.repeat_interleave(k)
+        if drop is not None:
+            a, g = zero_rows(a, drop.repeat_interleave(k)), zero_rows(g, drop.repeat_interleave(k))
+        g = g * c.view(-1, *([1] * (g.dim() - 1)))
+        weight = cast(nn.Parameter, m.weight)
+        if isinstance(m, nn.Conv2d):
+            weight.grad = conv2d_weight(a, weight.shape, g, m.stride, m.padding, m.dilation)
+        else:
+            weight.grad = g.reshape(-1, g.shape[-1]).t() @ a.reshape(-1, a.shape[-1])
+
+    def empty(self) -> None:
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+
+
+def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example, its input rows A (r, T, d_in) and output gradients G^T (r, d_out, T): T counts positions and
+    views (a Linear's extra dims are positions). A conv's d_in is ordered (kh, kw, C_in): see ``_reorder``."""
+    if isinstance(m, nn.Conv2d):
+        cols = _unfold(m, a)  # (rows, positions, d_in)
+        gt = g.flatten(2)  # (rows, d_out, positions)
+        if k > 1:
+            gt = gt.view(r, k, *gt.shape[1:]).transpose(1, 2).reshape(r, gt.shape[1], -1)
+        return cols.reshape(r, -1, cols.shape[-1]), gt
+    return a.reshape(r, -1, a.shape[-1]), g.reshape(r, -1, g.shape[-1]).transpose(1, 2)
+
+
+def _unfold(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """The conv's input patches (rows, positions, kh·kw·C_in): a channels-last strided view copied once (F.unfold's
+    im2col runs example by example on CPU, and its (C_in, kh, kw)-major layout makes the batched GEMM slow)."""
+    pad = cast(tuple[int, int], m.padding)
+    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
+    x = F.pad(a.permute(0, 2, 3, 1), (0, 0, pad[1], pad[1], pad[0], pad[0]))  # (N, Hp, Wp, C)
+    x = x.unfold(1, dh * (kh - 1) + 1, sh).unfold(2, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]  # (N, Ho, Wo, C, kh, kw)
+    return x.permute(0, 1, 2, 4, 5, 3).reshape(a.shape[0], x.shape[1] * x.shape[2], -1)
+
+
+def _conv_per_row(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Each row's weight gradient (rows, C_out, C_in·kh·kw): the rows as the groups of one grouped convolution."""
+    n, c_in, c_out = a.shape[0], a.shape[1], g.shape[1]
+    shape = (n * c_out, c_in, *m.kernel_size)
+    _, gw, _ = torch.ops.aten.convolution_backward(
+        g.reshape(1, n * c_out, *g.shape[2:]), a.reshape(1, n * c_in, *a.shape[2:]), a.new_empty(shape), None,
+        m.stride, m.padding, m.dilation, False, (0, 0), n, (False, True, False))
+    return gw.view(n, c_out, -1)
