@@ -29,17 +29,21 @@ lint: $(STAMP)
 	$(BIN)/ruff check dptune tests bench examples
 	$(BIN)/mypy
 
-# README test command: lint + types + the default (fast) test suite.
+# README test command: lint + types + the default test suite (pyproject's addopts: every marker but slow,
+# integration and gpu; one end-to-end search of the main job stays in it). tests/test_markers.py checks that these
+# three commands and .ci/run leave no test out.
 test: lint
 	$(BIN)/python -m pytest -q
 
 # The unit tests a developer runs often: no Ray, no DP-SGD training (markers set in tests/conftest.py); CI runs
 # them inside make test, with the rest.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not gpu and not ray and not train"
+	$(BIN)/python -m pytest -q -m "not slow and not integration and not gpu and not ray and not train"
 
+# What the default suite leaves out for its length (CI runs it after make test): Ray fault injection (slow) and
+# whole commands, examples, notebooks and benches run end to end (integration).
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m "(slow or integration) and not gpu"
 
 # The tuning-value harness's smoke check (digits, 1 epoch, one row; report in runs/bench/): docs/results.md,
 # "One harness, every command".

@@ -155,7 +155,8 @@ def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
-# Markers from what a test uses (make test-fast = -m "not slow and not gpu and not ray and not train"): a CLI
+# Markers from what a test uses (make test-fast = -m "not slow and not integration and not gpu and not ray and not
+# train"; slow and integration are set by hand, tests/test_markers.py checks the commands leave nothing out): a CLI
 # subprocess environment (isolated HOME for Ray's token) means Ray; the real digits data means a DP-SGD run.
 _RAY_FIXTURES = frozenset({"isolated_env"})
 _TRAIN_FIXTURES = frozenset({"digits", "small"})

@@ -145,6 +145,7 @@ def test_a_public_dataset_that_a_budget_covers_is_refused(tmp_path: Path, digits
     check_public(parse_space(raw), ledger)  # a folder no budget covers passes
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): a whole alc search, ~45 s
 def test_an_alc_search_computes_its_norms_before_the_charge_and_releases_them(tmp_path: Path, digits: Any) -> None:
     """A real Ray search (CLI, 1 epoch): the per-layer norms it releases are those of its public data, the charge is
     flat clipping's plan, and the printed final-training command trains with them."""

@@ -166,8 +166,14 @@ def test_architecture_doc_names_every_top_level_module() -> None:
 
 
 def test_lazy_dp_accounting_is_transparent() -> None:
-    """dptune skips dp_accounting's slow package __init__ at import; the package still works fully."""
+    """dptune skips dp_accounting's slow package __init__ at import, and dptune plan the API's and ledger's
+    imports; the packages still work fully."""
     code = ("import sys, dptune.cli.plan; assert 'dp_accounting.pld' not in sys.modules, 'PLD imported eagerly'\n"
+            "eager = [m for m in ('dptune.api', 'dptune.ledger', 'dptune.certificate', 'pyarrow') if m in sys.modules]\n"
+            "assert not eager, eager\n"
+            "import dptune, dptune.api, dptune.ledger\n"
+            "assert dptune.plan is dptune.api.plan and dptune.Ledger is dptune.ledger.Ledger\n"
+            "from dptune import *\n"
             "import dp_accounting\nfrom dp_accounting import dp_event\n"
             "assert dp_accounting.GaussianDpEvent is dp_event.GaussianDpEvent\n"
             "assert dp_accounting.pld.PLDAccountant is not None\nprint('ok')")

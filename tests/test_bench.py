@@ -141,6 +141,7 @@ def harness_modes() -> dict[str, object]:
 # --- the harness, run for real ----------------------------------------------------------------------
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): make bench's whole quick run (five trainings), ~40 s
 def test_quick_smoke_run_writes_a_real_report(tmp_path: Path) -> None:
     """``python bench/tuning_value.py --quick``: digits, one row (split seed 0, total ε 4, 1 epoch), the baseline
     and issue 7's modes a2, b, c, d, two workers. The report and the records hold real runs: accuracies from the

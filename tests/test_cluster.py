@@ -19,7 +19,8 @@ import yaml
 
 from tests.conftest import ROOT, digits_seed_with_k, free_port, isolated_env_for, run_cli
 
-pytestmark = pytest.mark.ray
+# make test-slow (CI runs it): a real two-node Ray cluster, ~50 s to start before the first test
+pytestmark = [pytest.mark.ray, pytest.mark.integration]
 RAY = str(Path(sys.executable).parent / "ray")
 
 

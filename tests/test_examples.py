@@ -50,6 +50,7 @@ def _value(pattern: str, text: str) -> str:
 
 
 @pytest.mark.ray
+@pytest.mark.integration  # make test-slow (CI runs it): each example's whole run, 30-50 s; tests/test_search.py keeps the main job
 @pytest.mark.parametrize("name", ["digits_plan_search_train", "own_model", "table"])
 def test_example_smoke_test(name: str, tmp_path: Path) -> None:
     env = isolated_env_for(tmp_path)  # a private HOME (Ray's auth token), no RAY_* or test hooks

@@ -99,6 +99,7 @@ print("WARNINGS:", [f"{w.category.__name__}: {w.message}" for w in caught])
 
 
 @pytest.mark.ray
+@pytest.mark.integration  # make test-slow (CI runs it): a Jupyter kernel running a whole search, ~40 s
 def test_a_notebook_search_keeps_its_header_and_says_it_before_ray(tmp_path: Path,
                                                                   isolated_env: dict[str, str]) -> None:
     """Tune's JupyterNotebookReporter, built even at verbose=0, cleared the cell as Tune started (erasing the

@@ -25,6 +25,7 @@ from dp_accounting import dp_event as de
 from scipy import stats
 
 from dptune import accounting as A
+from dptune.accounting import _profile as P
 from dptune.accounting._profile import (
     _build,
     _Pair,
@@ -323,3 +324,22 @@ def test_a_random_stopping_search_with_its_noisy_max_is_refused_by_profile_pld(t
     # the search without its noisy max (its trials' Gaussian scores), before final training: still profile+pld
     scored = A.stopping_rule("poisson", mean=2).search_event(_small_trial())
     assert A.certify([scored, final], DELTA).accountant == "profile+pld"
+
+
+def test_cached_pairs_and_envelope_shared_by_stopping_rules_give_the_fresh_bound_and_are_read_only() -> None:
+    """A plan compares stopping rules over one trial: its pairs and R̄ are cached by the trial's JSON and shared.
+    Each rule's δ(ε) must equal, bit for bit, a search built from scratch (nothing cached), and nothing cached
+    may be written to (a mutated array would be a stale bound for the next caller)."""
+    trial = _small_trial()
+    key = P._component_keys(trial)[0]
+    for mean, shape in RULES:  # after the first rule the trial's pairs and R̄ come from the caches
+        cached = P._search(de.RepeatAndSelectDpEvent(trial, mean, shape))
+        fresh = _build([P._pairs.__wrapped__(key)], pgf_derivative(mean=mean, shape=shape))
+        for eps in (0.0, 0.3, 1.0, 2.5):
+            assert cached.delta(eps) == fresh.delta(eps)
+    assert P._pairs.cache_info().hits >= len(RULES) - 1
+    assert P._envelope_roc_cached.cache_info().hits >= len(RULES) - 1
+    arrays = [x for p in P._pairs(key) for x in (p.loss, p.a, p.b)] + list(P._envelope_roc_cached((key,), 0))
+    for x in arrays:
+        with pytest.raises(ValueError, match="read-only"):
+            x[0] = 0.0

@@ -268,8 +268,10 @@ def _noisy_max_choice(run: Path, rows: list[dict[str, object]], beta: float) -> 
     return int(np.argmax(noised))
 
 
-# best_score: make test-slow (the same search and final run, another selection rule)
-@pytest.mark.parametrize("selection", ["noisy_max", pytest.param("best_score", marks=pytest.mark.slow)])
+# make test-slow (CI runs it): a real search and its final run, ~40 s each selection rule; tests/test_search.py
+# keeps the main job's end-to-end search in the default suite
+@pytest.mark.integration
+@pytest.mark.parametrize("selection", ["noisy_max", "best_score"])
 def test_scaled_search_and_final_training_end_to_end(selection: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """A real Ray search (3 trials, 3 epochs) and the final run it prints: what ran is what was charged, and

@@ -105,6 +105,17 @@ def _components(event: de.DpEvent) -> list[de.DpEvent]:
     return list(out.values())
 
 
+def _component_keys(event: de.DpEvent) -> tuple[str, ...]:
+    """:func:`_components` as their JSON keys (the caches' keys: an event is a frozen value, so its key names it)."""
+    if not isinstance(event, WorstCaseDpEvent):
+        return (json.dumps(event_to_json(event), sort_keys=True),)
+    out: dict[str, None] = {}
+    for e in event.events:
+        for k in _component_keys(e):
+            out.setdefault(k)
+    return tuple(out)
+
+
 def pgf_derivative(*, mean: float, shape: float) -> Callable[[np.ndarray], np.ndarray]:
     """φ'(z) of the number of trials K: Poisson(``mean``) for ``shape`` = inf, else TNB(η = ``shape``, γ) with
     E[K] = ``mean`` (γ from ``tnb_gamma``, as the draw uses). Vectorised; φ'(1) = E[K]."""
@@ -142,9 +153,11 @@ class _Pair:
         return t[last], r[last]
 
 
-def _pairs(event: de.DpEvent) -> list[_Pair]:
-    """The two directions' pairs of ``event``'s pessimistic PLD (one when they are the same)."""
-    pld = pld_of(event)
+@functools.lru_cache(maxsize=64)
+def _pairs(key: str) -> tuple[_Pair, ...]:
+    """The two directions' pairs of the pessimistic PLD of the trial ``key`` (its JSON; one pair when they are the
+    same). Cached, read-only: the stopping rules a plan compares share one trial (``tests/test_profile.py``)."""
+    pld = pld_of(event_from_json(json.loads(key)))
     assert pld is not None  # has_profile
     pmfs = [pld._pmf_remove]  # noqa: SLF001 - dp_accounting keeps the two directions' loss distributions here
     if pld._pmf_add is not pld._pmf_remove:  # noqa: SLF001
@@ -156,8 +169,14 @@ def _pairs(event: de.DpEvent) -> list[_Pair]:
         loss = (dense._lower_loss + np.arange(len(probs))) * dense._discretization  # noqa: SLF001
         keep = probs > 0
         a, loss = probs[keep], loss[keep]
-        out.append(_Pair(loss=loss, a=a, b=a * np.exp(-loss), a_inf=float(dense._infinity_mass)))  # noqa: SLF001
-    return out
+        out.append(_Pair(loss=_frozen(loss), a=_frozen(a), b=_frozen(a * np.exp(-loss)),
+                         a_inf=float(dense._infinity_mass)))  # noqa: SLF001
+    return tuple(out)
+
+
+def _frozen(x: np.ndarray) -> np.ndarray:
+    x.flags.writeable = False
+    return x
 
 
 def _upper_hull(t: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -177,6 +196,18 @@ def _upper_hull(t: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(ht), np.asarray(hr)
 
 
+@functools.lru_cache(maxsize=64)
+def _envelope_roc_cached(keys: tuple[str, ...], direction: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_envelope_roc` of the trials ``keys`` in one direction (0: remove, 1: add; a trial with one pair uses it
+    for both), cached read-only: it does not depend on the stopping rule, only the lines drawn from it do."""
+    t, r = _envelope_roc([_direction(_pairs(k), direction) for k in keys])
+    return _frozen(t), _frozen(r)
+
+
+def _direction(pairs: Sequence[_Pair], i: int) -> _Pair:
+    return pairs[min(i, len(pairs) - 1)]
+
+
 def _envelope_roc(pairs: Sequence[_Pair]) -> tuple[np.ndarray, np.ndarray]:
     """R̄ on [0, 1]: the concave envelope of the largest of the pairs' ROCs (vertices; R̄ = 1 after the last)."""
     rocs = [p.roc() for p in pairs]
@@ -188,9 +219,9 @@ def _envelope_roc(pairs: Sequence[_Pair]) -> tuple[np.ndarray, np.ndarray]:
     return _upper_hull(ts, top)
 
 
-def _lines(pairs: Sequence[_Pair], dphi: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(c, d) with f_α(s) <= max_j (c_j s − α d_j)_+ for every α (module docstring, numerics)."""
-    vt, vr = _envelope_roc(pairs)
+def _lines(roc: tuple[np.ndarray, np.ndarray], dphi: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(c, d) with f_α(s) <= max_j (c_j s − α d_j)_+ for every α (module docstring, numerics), from R̄'s vertices."""
+    vt, vr = roc
     levels = np.linspace(0.0, 1.0, GRID_STEPS + 1)
     rising = int(np.argmax(vr >= vr[-1])) + 1  # R̄ is increasing up to its first vertex at the top
     inside = (levels > vr[0]) & (levels < vr[-1])
@@ -247,12 +278,15 @@ class _Search:
         return min(worst, 1.0)
 
 
-def _build(per_component: Sequence[Sequence[_Pair]], dphi: Callable[[np.ndarray], np.ndarray]) -> _Search:
-    """The search over trials whose pairs (one per direction, or one when symmetric) are ``per_component``."""
+def _build(per_component: Sequence[Sequence[_Pair]], dphi: Callable[[np.ndarray], np.ndarray],
+           rocs: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> _Search:
+    """The search over trials whose pairs (one per direction, or one when symmetric) are ``per_component``;
+    ``rocs``: their R̄ per direction where already known (:func:`_envelope_roc_cached`)."""
     parts = []
     for i in range(max(len(p) for p in per_component)):  # remove, then add
-        pairs = tuple(p[min(i, len(p) - 1)] for p in per_component)
-        parts.append((_upper_envelope(*_lines(pairs, dphi)), pairs))
+        pairs = tuple(_direction(p, i) for p in per_component)
+        roc = _envelope_roc(pairs) if rocs is None else rocs[i]
+        parts.append((_upper_envelope(*_lines(roc, dphi)), pairs))
     return _Search(parts=tuple(parts), tail=float(dphi(np.array(1.0))))
 
 
@@ -261,7 +295,10 @@ def _search_cached(key: str) -> _Search:
     event = event_from_json(json.loads(key))
     assert isinstance(event, de.RepeatAndSelectDpEvent)
     dphi = pgf_derivative(mean=float(event.mean), shape=float(event.shape))
-    return _build([_pairs(c) for c in _components(event.event)], dphi)
+    keys = _component_keys(event.event)
+    per_component = [_pairs(k) for k in keys]
+    rocs = [_envelope_roc_cached(keys, i) for i in range(max(len(p) for p in per_component))]
+    return _build(per_component, dphi, rocs)
 
 
 def _search(event: de.RepeatAndSelectDpEvent) -> _Search:
