@@ -35,10 +35,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
-# The unit tests a developer runs often: no Ray, no DP-SGD training (markers set in tests/conftest.py); CI runs
+# The unit tests a developer runs often: no Ray, no DP-SGD training or clipping probe, no PostgreSQL server (markers
+# set in tests/conftest.py); CI runs
 # them inside make test, with the rest.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not integration and not gpu and not ray and not train"
+	$(BIN)/python -m pytest -q -m "not slow and not integration and not gpu and not ray and not train and not db"
 
 # What the default suite leaves out for its length (CI runs it after make test): Ray fault injection (slow) and
 # whole commands, examples, notebooks and benches run end to end (integration).

@@ -155,11 +155,16 @@ def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
-# Markers from what a test uses (make test-fast = -m "not slow and not integration and not gpu and not ray and not
-# train"; slow and integration are set by hand, tests/test_markers.py checks the commands leave nothing out): a CLI
+# Markers from what a test uses (make test-fast = -m "not slow and not integration and not gpu and not ray and not train and not db";
+# slow and integration are set by hand, tests/test_markers.py checks the commands leave nothing out): a CLI
 # subprocess environment (isolated HOME for Ray's token) means Ray; the real digits data means a DP-SGD run.
 _RAY_FIXTURES = frozenset({"isolated_env"})
 _TRAIN_FIXTURES = frozenset({"digits", "small"})
+# a model's gradients computed (the clipping guard, an engine's step, the CLI's training): as slow as training
+_TRAIN_CALLS = ("run_trial(", "run_final(", "dptune.train", "run_group(", "validate_model(", "make_engine(",
+                "guarded_clipping(", "train_main(")
+# a real PostgreSQL server (tests/pg.py starts one per session: initdb, pg_ctl)
+_DB_FIXTURES = frozenset({"pg", "pg_url"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -167,8 +172,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = set(getattr(item, "fixturenames", ()))
         if names & _RAY_FIXTURES or "isolated_env_for(" in _source(item):
             item.add_marker(pytest.mark.ray)
-        if names & _TRAIN_FIXTURES or any(s in _source(item) for s in ("run_trial(", "run_final(", "dptune.train")):
+        if names & _TRAIN_FIXTURES or any(s in _source(item) for s in _TRAIN_CALLS):
             item.add_marker(pytest.mark.train)
+        callspec = getattr(item, "callspec", None)
+        if names & _DB_FIXTURES or (callspec is not None and callspec.params.get("ledger_at") == "postgresql"):
+            item.add_marker(pytest.mark.db)
 
 
 def _source(item: pytest.Item) -> str:

@@ -76,7 +76,7 @@ def test_test_fast_is_part_of_the_default_suite_and_has_no_ray_or_training() -> 
     for marks in _combinations():
         if _selects(fast, marks):
             assert _selects(default, marks), f"make test-fast runs a test marked {marks} that make test does not"
-            assert not {"ray", "train", "slow", "integration", "gpu"} & set(marks), marks
+            assert not {"ray", "train", "slow", "integration", "gpu", "db"} & set(marks), marks
 
 
 def test_the_check_sees_a_command_that_drops_a_marker() -> None:
