@@ -247,18 +247,25 @@ def _advance(i: int, gens: dict[int, Generator[Chunk, torch.Tensor, None]], pend
 
 def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], lanes: _Lanes | None
            ) -> dict[int, torch.Tensor | TrialCrash]:
-    """One physical chunk of each trial in ``order``: one vmapped computation for all, replayed lane by lane (a
-    group of one: bitwise the same, see ``isolation``) when it raises, so only a trial that raises alone crashes;
+    """One physical chunk of each trial in ``order``: one vmapped computation per padded chunk size (a lane's
+    gradients do not depend on its company, so chunks are not padded further to share a call), replayed lane by lane
+    (a group of one: bitwise the same, see ``isolation``) when it raises, so only a trial that raises alone crashes;
     without a shared computation, each trial's own engine."""
-    if lanes is not None:
-        try:
-            grads, losses = lanes.gradients([trials[i].run.model for i in order], chunks)
-            return {i: _fill(trials[i], grads, losses, lane, c.n_real)
-                    for lane, (i, c) in enumerate(zip(order, chunks, strict=True))}
-        except Exception:
-            pass
     out: dict[int, torch.Tensor | TrialCrash] = {}
+    if lanes is not None:
+        sizes: dict[int, list[int]] = {}
+        for j, c in enumerate(chunks):
+            sizes.setdefault(len(c.y), []).append(j)
+        for same in sizes.values():
+            try:
+                grads, losses = lanes.gradients([trials[order[j]].run.model for j in same], [chunks[j] for j in same])
+                out.update({order[j]: _fill(trials[order[j]], grads, losses, lane, chunks[j].n_real)
+                            for lane, j in enumerate(same)})
+            except Exception:
+                pass
     for i, c in zip(order, chunks, strict=True):
+        if i in out:
+            continue
         try:
             if lanes is not None:
                 grads, losses = lanes.gradients([trials[i].run.model], [c])

@@ -30,6 +30,9 @@ class RayOptions:
     # shipped with Ray's runtime_env py_modules
     py_modules: tuple[str, ...] = ()
     job_metadata: dict[str, str] = field(default_factory=dict)
+    # trials of one architecture trained together, one Ray trial per group (tuning.grouping; random search and the
+    # scaled searcher, not an adaptive one, nor --save-checkpoint): each trial's result is its own alone
+    group_trials: bool = False
 
 
 def check_auth_mode() -> None:
