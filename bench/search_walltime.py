@@ -11,7 +11,7 @@ Two measurements, each space with a fixed (NOT PRIVATE) bench draw seed:
 - search: ``dptune search`` itself (a subprocess, local Ray with ``--num-cpus 2``), without and with
   ``--group-trials``: wall time, and the released config, certificate charge and every sealed trial row compared.
 
-    python -m bench.search_walltime [--seed 7] [--trainer-epochs 1] [--no-search] [--smoke-test]
+    python -m bench.search_walltime [--seed 7] [--trainer-epochs 1] [--device cpu] [--no-search] [--smoke-test]
 
 The machine is shared (2 cores, other engineers' jobs running): timings carry their load; the result file says
 the load average before and after.
@@ -59,30 +59,30 @@ def _trial_configs(space_path: str, seed: int, epochs: float | None) -> tuple[An
     return data, configs, plan
 
 
-def _trainer(space_path: str, seed: int, epochs: float) -> dict[str, Any]:
+def _trainer(space_path: str, seed: int, epochs: float, device: str) -> dict[str, Any]:
     from dptune.dpsgd import TrialResult, architecture_key, run_group, run_trial
 
     data, configs, _ = _trial_configs(space_path, seed, epochs)
     vmapped = [c.replace(clipping="functorch") for c in configs]
     for c in {architecture_key(c): c for c in configs + vmapped}.values():  # guard probes: once per process
-        run_trial(c.replace(epochs=0.01), data)
-    out: dict[str, Any] = {"space": space_path, "k": len(configs), "trials": []}
-    t = time.perf_counter()
-    alone = [run_trial(c, data, evaluate_test=True, return_model=True) for c in configs]
-    out["alone_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    alone_vmap = [run_trial(c, data, evaluate_test=True, return_model=True) for c in vmapped]
-    out["alone_vmap_s"] = time.perf_counter() - t
+        run_trial(c.replace(epochs=0.01), data, device=device)
+    out: dict[str, Any] = {"space": space_path, "k": len(configs), "device": device, "trials": []}
+    t, c0 = time.perf_counter(), time.process_time()
+    alone = [run_trial(c, data, evaluate_test=True, return_model=True, device=device) for c in configs]
+    out["alone_s"], out["alone_cpu"] = time.perf_counter() - t, time.process_time() - c0
+    t, c0 = time.perf_counter(), time.process_time()
+    alone_vmap = [run_trial(c, data, evaluate_test=True, return_model=True, device=device) for c in vmapped]
+    out["alone_vmap_s"], out["alone_vmap_cpu"] = time.perf_counter() - t, time.process_time() - c0
     by_key: dict[Any, list[int]] = {}
     for i, c in enumerate(vmapped):
         by_key.setdefault(architecture_key(c), []).append(i)
     grouped: dict[int, Any] = {}
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), time.process_time()
     for members in by_key.values():
         for i, r in zip(members, run_group([vmapped[i] for i in members], data, evaluate_test=True,
-                                           return_model=True), strict=True):
+                                           return_model=True, device=device), strict=True):
             grouped[i] = r
-    out["grouped_s"] = time.perf_counter() - t
+    out["grouped_s"], out["grouped_cpu"] = time.perf_counter() - t, time.process_time() - c0
     out["groups"] = len(by_key)
     for i, (a, b) in enumerate(zip(alone, alone_vmap, strict=True)):
         g = grouped[i]
@@ -134,6 +134,7 @@ def main() -> None:
     ap.add_argument("--spaces", nargs="+", default=list(SPACES))
     ap.add_argument("--trainer-epochs", type=float, default=1.0)
     ap.add_argument("--no-trainer", action="store_true")
+    ap.add_argument("--device", default="cpu", help="the trainer measurement's device (cpu, cuda)")
     ap.add_argument("--no-search", action="store_true")
     ap.add_argument("--smoke-test", action="store_true", help="searches at 2 epochs per trial")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_walltime.md"))
@@ -143,7 +144,7 @@ def main() -> None:
                               "load_before": _load(), "trainer": [], "search": []}
     if not args.no_trainer:
         for s in args.spaces:
-            result["trainer"].append(_trainer(s, args.seed, args.trainer_epochs))
+            result["trainer"].append(_trainer(s, args.seed, args.trainer_epochs, args.device))
             print(json.dumps(result["trainer"][-1], indent=1, default=str), flush=True)
     if not args.no_search:
         with tempfile.TemporaryDirectory(prefix="dptune-walltime-") as tmp:
@@ -172,13 +173,16 @@ def _markdown(r: dict[str, Any]) -> str:
              f"engineers' jobs; load average (1, 5, 15 min) {r['load_before']} before, {r['load_after']} after. "
              "Timings carry that load.", ""]
     if r["trainer"]:
-        lines += ["## Trainer: the draw's trials in one process at 1 thread", "",
-                  "| space | K | groups | one at a time, auto (s) | one at a time, functorch (s) | grouped (s) | "
-                  "speedup vs auto | speedup vs functorch |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"## Trainer: the draw's trials in one process at 1 thread, on {r['trainer'][0]['device']}", "",
+                  "Wall seconds, and in brackets the process's CPU seconds (less sensitive to the other jobs).", "",
+                  "| space | K | groups | one at a time, auto | one at a time, functorch | grouped | "
+                  "speedup vs auto (CPU) | speedup vs functorch (CPU) |", "|---|---|---|---|---|---|---|---|"]
         for t in r["trainer"]:
-            lines.append(f"| {t['space']} | {t['k']} | {t['groups']} | {t['alone_s']:.1f} | {t['alone_vmap_s']:.1f} | "
-                         f"{t['grouped_s']:.1f} | {t['alone_s'] / t['grouped_s']:.2f}x | "
-                         f"{t['alone_vmap_s'] / t['grouped_s']:.2f}x |")
+            lines.append(f"| {t['space']} | {t['k']} | {t['groups']} | {t['alone_s']:.1f} ({t['alone_cpu']:.1f}) | "
+                         f"{t['alone_vmap_s']:.1f} ({t['alone_vmap_cpu']:.1f}) | {t['grouped_s']:.1f} "
+                         f"({t['grouped_cpu']:.1f}) | {t['alone_s'] / t['grouped_s']:.2f}x "
+                         f"({t['alone_cpu'] / t['grouped_cpu']:.2f}x) | {t['alone_vmap_s'] / t['grouped_s']:.2f}x "
+                         f"({t['alone_vmap_cpu'] / t['grouped_cpu']:.2f}x) |")
         lines += ["", "Per trial: grouped = one at a time with functorch bitwise (parameters and score); against "
                   "one at a time with `auto` (its engine in `mode`): max parameter difference and test accuracy.", "",
                   "| space | B | epochs | lr | σ | mode | grouped = functorch alone | max param diff | test alone | "

@@ -206,6 +206,8 @@ def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: Sea
             run.write_state(tune_experiment=name)
             print("  Ray Tune's saved state could not be read: the search continues from its sealed draw (the same "
                   "trials and seeds, no new charge; details in sealed/logs/driver.log)", flush=True)
+    if groups is not None:  # one Ray trial per group of the draw's trials (a fixed draw: no search algorithm)
+        return make_tuner(trainable, len(groups), storage, [log], opts.max_failures, name=name, key="group")
     alg = search_alg(space, draw)  # seeded from the draw's own sampler stream
     return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg, name=name)
 
