@@ -76,19 +76,23 @@ def _trainer(space_path: str, seed: int, epochs: float, device: str) -> dict[str
     by_key: dict[Any, list[int]] = {}
     for i, c in enumerate(vmapped):
         by_key.setdefault(architecture_key(c), []).append(i)
-    grouped: dict[int, Any] = {}
-    t, c0 = time.perf_counter(), time.process_time()
-    for members in by_key.values():
-        for i, r in zip(members, run_group([vmapped[i] for i in members], data, evaluate_test=True,
-                                           return_model=True, device=device), strict=True):
-            grouped[i] = r
-    out["grouped_s"], out["grouped_cpu"] = time.perf_counter() - t, time.process_time() - c0
     out["groups"] = len(by_key)
+    runs: dict[str, dict[int, Any]] = {}
+    for label, per_call in (("grouped", None), ("grouped_vmap_all", len(configs))):
+        runs[label] = {}  # None: run_group's default (one trial per call on a CPU); or every trial in one call
+        t, c0 = time.perf_counter(), time.process_time()
+        for members in by_key.values():
+            results = run_group([vmapped[i] for i in members], data, evaluate_test=True, return_model=True,
+                                device=device, lanes_per_call=per_call)
+            runs[label].update(zip(members, results, strict=True))
+        out[f"{label}_s"], out[f"{label}_cpu"] = time.perf_counter() - t, time.process_time() - c0
+    grouped = runs["grouped"]
     for i, (a, b) in enumerate(zip(alone, alone_vmap, strict=True)):
         g = grouped[i]
         assert isinstance(g, TrialResult) and g.model_state is not None
         assert a.model_state is not None and b.model_state is not None
-        bitwise = all(torch.equal(g.model_state[k], b.model_state[k]) for k in b.model_state) and g.score == b.score
+        bitwise = all(torch.equal(x.model_state[k], b.model_state[k]) and x.score == b.score
+                      for x in (g, runs["grouped_vmap_all"][i]) for k in b.model_state)
         diff = max(float((g.model_state[k] - a.model_state[k]).abs().max()) for k in a.model_state)
         out["trials"].append({"batch_size": configs[i].batch_size, "epochs": configs[i].epochs,
                               "lr": round(configs[i].learning_rate, 4), "sigma": round(configs[i].noise_multiplier, 4),
@@ -175,17 +179,19 @@ def _markdown(r: dict[str, Any]) -> str:
     if r["trainer"]:
         lines += [f"## Trainer: the draw's trials in one process at 1 thread, on {r['trainer'][0]['device']}", "",
                   "Wall seconds, and in brackets the process's CPU seconds (less sensitive to the other jobs).", "",
-                  "| space | K | groups | one at a time, auto | one at a time, functorch | grouped | "
-                  "speedup vs auto (CPU) | speedup vs functorch (CPU) |", "|---|---|---|---|---|---|---|---|"]
+                  "| space | K | groups | (a) one at a time, auto | (b) one at a time, functorch | (c) grouped | "
+                  "(d) grouped, all trials per call | speedup (c) vs (a) | speedup (c) vs (b) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for t in r["trainer"]:
             lines.append(f"| {t['space']} | {t['k']} | {t['groups']} | {t['alone_s']:.1f} ({t['alone_cpu']:.1f}) | "
                          f"{t['alone_vmap_s']:.1f} ({t['alone_vmap_cpu']:.1f}) | {t['grouped_s']:.1f} "
-                         f"({t['grouped_cpu']:.1f}) | {t['alone_s'] / t['grouped_s']:.2f}x "
+                         f"({t['grouped_cpu']:.1f}) | {t['grouped_vmap_all_s']:.1f} ({t['grouped_vmap_all_cpu']:.1f}) | "
+                         f"{t['alone_s'] / t['grouped_s']:.2f}x "
                          f"({t['alone_cpu'] / t['grouped_cpu']:.2f}x) | {t['alone_vmap_s'] / t['grouped_s']:.2f}x "
                          f"({t['alone_vmap_cpu'] / t['grouped_cpu']:.2f}x) |")
-        lines += ["", "Per trial: grouped = one at a time with functorch bitwise (parameters and score); against "
+        lines += ["", "Per trial: (c) = (d) = (b) bitwise (parameters and score); against "
                   "one at a time with `auto` (its engine in `mode`): max parameter difference and test accuracy.", "",
-                  "| space | B | epochs | lr | σ | mode | grouped = functorch alone | max param diff | test alone | "
+                  "| space | B | epochs | lr | σ | mode | (c) = (d) = (b) | max param diff (c) vs (a) | test alone | "
                   "test grouped |", "|---|---|---|---|---|---|---|---|---|---|"]
         for t in r["trainer"]:
             for x in t["trials"]:

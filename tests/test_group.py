@@ -43,9 +43,10 @@ def _same(a: TrialResult | TrialCrash, b: TrialResult | TrialCrash) -> None:
 
 def test_group_trials_equal_one_at_a_time_bitwise(digits: Splits) -> None:
     """Parameters after their T steps, score, noise and batch measurements: bitwise those of each trial alone."""
-    group = run_group(TRIALS, digits, return_model=True)
-    for config, got in zip(TRIALS, group, strict=True):
-        _same(got, run_trial(config, digits, return_model=True))
+    for per_call in (3, 1):  # one vmapped call over the trials' chunks, or one call per trial (the CPU default)
+        group = run_group(TRIALS, digits, return_model=True, lanes_per_call=per_call)
+        for config, got in zip(TRIALS, group, strict=True):
+            _same(got, run_trial(config, digits, return_model=True))
 
 
 def test_trial_result_does_not_depend_on_its_group(digits: Splits) -> None:
@@ -54,7 +55,7 @@ def test_trial_result_does_not_depend_on_its_group(digits: Splits) -> None:
     and within float32 rounding of ``run_trial``'s."""
     cnn = [c.replace(model="gn_cnn", physical_batch_size=64, epochs=0.25) for c in TRIALS[:2]]
     alone = run_group(cnn[1:], digits, return_model=True)[0]
-    together = run_group([cnn[0], cnn[1], cnn[0].replace(seed=7)], digits, return_model=True)[1]
+    together = run_group([cnn[0], cnn[1], cnn[0].replace(seed=7)], digits, return_model=True, lanes_per_call=3)[1]
     _same(alone, together)
     ref = run_trial(cnn[1], digits, return_model=True)
     assert isinstance(alone, TrialResult) and alone.model_state is not None and ref.model_state is not None
@@ -67,7 +68,7 @@ def test_each_trial_runs_its_own_charge(digits: Splits) -> None:
     """Measured per trial inside one group: noise additions == steps == T, noise std σ·C (each its own σ and C),
     the realised mean Poisson batch q·n at its own q (binomial 99.9 % interval)."""
     n = len(digits.train[1])
-    group = run_group(TRIALS, digits)
+    group = run_group(TRIALS, digits, lanes_per_call=3)
     for config, got in zip(TRIALS, group, strict=True):
         assert isinstance(got, TrialResult)
         q = sampling_rate(batch_size=config.batch_size, basis=n)
@@ -114,10 +115,10 @@ def test_a_crash_scores_that_trial_minus_inf_and_leaves_the_others(digits: Split
     model = "factory:group_crash_models:make"
     healthy = [c.replace(model=model) for c in TRIALS[:2]]
     runaway = TRIALS[2].replace(model=model, learning_rate=500.0, noise_multiplier=5.0)
-    group = run_group([healthy[0], runaway, healthy[1]], digits, return_model=True)
+    group = run_group([healthy[0], runaway, healthy[1]], digits, return_model=True, lanes_per_call=3)
     assert isinstance(group[1], TrialCrash) and group[1].score == -math.inf
     assert "FloatingPointError" in group[1].error
-    without = run_group(healthy, digits, return_model=True)
+    without = run_group(healthy, digits, return_model=True, lanes_per_call=3)
     _same(group[0], without[0])
     _same(group[2], without[1])
     with pytest.raises(FloatingPointError):  # control: alone, the same trial raises

@@ -5,9 +5,11 @@ kwargs, augmentation multiplicity, and whole-model vmap as their clipping engine
 layerwise clipping on top of it); batch size, learning rate, epochs, σ, C and the optimizer may differ. Each
 trial keeps everything that makes it a trial (``_trial.prepare``): its own model, DPOptimizer, noise meter, EMA,
 Poisson sampler and every other random stream from its own entropy, its schedule (q, T), its checkpoint. Only
-the expensive part, each physical chunk's per-example gradients, is computed for the whole group at once:
-``vmap`` over trials (parameters stacked) of ``vmap`` over examples of ``grad`` — the functorch engine's own
-per-example function with the trials' parameters as one more batch dimension.
+the expensive part, each physical chunk's per-example gradients, is one function for the whole group: ``vmap``
+over trials (parameters stacked) of ``vmap`` over examples of ``grad`` — the functorch engine's own per-example
+function with the trials' parameters as one more batch dimension. How many trials one call takes is a performance
+choice (``lanes_per_call``): all of them on an accelerator; one on a CPU, where a call over several trials' chunks
+measured slower than the calls one by one (``bench/search_walltime.py``). The numbers are the same either way.
 
 Why a trial's numbers are its own. Each vmap lane computes one example's gradient under one trial's parameters;
 nothing in it sees another lane (no batch statistic, no random draw: ``randomness="error"``). The lanes' results are
@@ -115,8 +117,8 @@ class _Lanes:
                 y = torch.cat([y, y.new_zeros(pad)])
             xs.append(x.view(-1, k, *x.shape[1:]))
             ys.append(y[:, None].expand(-1, k))
-        params = tuple(torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in self.names)
         state = [{**dict(m.named_parameters()), **dict(m.named_buffers())} for m in models]
+        params = tuple(torch.stack([s[n].detach() for s in state]) for n in self.names)
         rest = {n: torch.stack([s[n].detach() for s in state]) for n in self.rest}
         grads, losses = self.call(params, rest, torch.stack(xs), torch.stack(ys))
         return list(grads), losses.detach()
@@ -182,12 +184,17 @@ def run_group(
     on_epoch: Sequence[Callable[[int, dict[str, Any]], None] | None] | None = None,
     evaluate_test: bool = False,
     return_model: bool = False,
+    lanes_per_call: int | None = None,
 ) -> list[Outcome]:
     """Train ``configs`` (one architecture: ``architecture_key``) as one computation; each trial's outcome is
     what ``run_trial`` returns for it (bitwise, under whole-model vmap), or a ``TrialCrash`` (−∞) when its own
     computation raised. Set-up failures (a charge check, a refused model) raise for the whole group before any
     data is touched, as they do in ``run_trial``. A group whose trials cannot share the computation (another
-    engine, a model that draws random numbers, a failed ``isolation`` probe) trains them one at a time."""
+    engine, a model that draws random numbers, a failed ``isolation`` probe) trains them one at a time.
+
+    ``lanes_per_call``: the most trials one vmapped call takes (default: all on an accelerator, 1 on a CPU, where
+    ``bench/search_walltime.py`` measured a call over several trials' chunks slower than the calls one by one; the
+    numbers are bitwise the same either way, see ``isolation``). Performance only."""
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
     g = len(configs)
@@ -203,13 +210,14 @@ def run_group(
         [t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
         tuple(data.input_shape), data.num_classes, trials[0].sched.views) is None
     lanes = _Lanes(trials[0].run.model) if shared else None
+    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else max(g, 1))
     gens: dict[int, Generator[Chunk, torch.Tensor, None]] = {i: t.chunks(data, t0) for i, t in enumerate(trials)}
     pending: dict[int, Chunk] = {}
     for i in list(gens):
         _advance(i, gens, pending, outcomes, None)
     while pending:
         order = sorted(pending)
-        losses = _round(trials, order, [pending[i] for i in order], lanes)
+        losses = _round(trials, order, [pending[i] for i in order], lanes, per_call)
         for i in order:
             loss = losses[i]
             if isinstance(loss, TrialCrash):
@@ -245,18 +253,19 @@ def _advance(i: int, gens: dict[int, Generator[Chunk, torch.Tensor, None]], pend
     del gens[i]
 
 
-def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], lanes: _Lanes | None
-           ) -> dict[int, torch.Tensor | TrialCrash]:
-    """One physical chunk of each trial in ``order``: one vmapped computation per padded chunk size (a lane's
-    gradients do not depend on its company, so chunks are not padded further to share a call), replayed lane by lane
-    (a group of one: bitwise the same, see ``isolation``) when it raises, so only a trial that raises alone crashes;
-    without a shared computation, each trial's own engine."""
+def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], lanes: _Lanes | None,
+           per_call: int) -> dict[int, torch.Tensor | TrialCrash]:
+    """One physical chunk of each trial in ``order``: one vmapped computation per padded chunk size and at most
+    ``per_call`` trials (a lane's gradients do not depend on its company, so chunks are not padded further to share a
+    call), replayed lane by lane (a group of one: bitwise the same, see ``isolation``) when it raises, so only a trial
+    that raises alone crashes; without a shared computation, each trial's own engine."""
     out: dict[int, torch.Tensor | TrialCrash] = {}
     if lanes is not None:
         sizes: dict[int, list[int]] = {}
         for j, c in enumerate(chunks):
             sizes.setdefault(len(c.y), []).append(j)
-        for same in sizes.values():
+        calls = [same[k:k + per_call] for same in sizes.values() for k in range(0, len(same), max(per_call, 1))]
+        for same in calls:
             try:
                 grads, losses = lanes.gradients([trials[order[j]].run.model for j in same], [chunks[j] for j in same])
                 out.update({order[j]: _fill(trials[order[j]], grads, losses, lane, chunks[j].n_real)
