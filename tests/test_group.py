@@ -43,7 +43,7 @@ def _same(a: TrialResult | TrialCrash, b: TrialResult | TrialCrash) -> None:
 
 def test_group_trials_equal_one_at_a_time_bitwise(digits: Splits) -> None:
     """Parameters after their T steps, score, noise and batch measurements: bitwise those of each trial alone."""
-    for per_call in (3, 1):  # one vmapped call over the trials' chunks, or one call per trial (the CPU default)
+    for per_call in (3, 1):  # one vmapped call over the trials' chunks, or each trial's own engine (the CPU default)
         group = run_group(TRIALS, digits, return_model=True, lanes_per_call=per_call)
         for config, got in zip(TRIALS, group, strict=True):
             _same(got, run_trial(config, digits, return_model=True))
@@ -54,7 +54,7 @@ def test_trial_result_does_not_depend_on_its_group(digits: Splits) -> None:
     trial's numbers are still the same in a group of one and a group of three (its company, and so K, cannot show),
     and within float32 rounding of ``run_trial``'s."""
     cnn = [c.replace(model="gn_cnn", physical_batch_size=64, epochs=0.25) for c in TRIALS[:2]]
-    alone = run_group(cnn[1:], digits, return_model=True)[0]
+    alone = run_group(cnn[1:], digits, return_model=True, lanes_per_call=3)[0]  # the group's function, alone
     together = run_group([cnn[0], cnn[1], cnn[0].replace(seed=7)], digits, return_model=True, lanes_per_call=3)[1]
     _same(alone, together)
     ref = run_trial(cnn[1], digits, return_model=True)

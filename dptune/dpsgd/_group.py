@@ -8,8 +8,9 @@ Poisson sampler and every other random stream from its own entropy, its schedule
 the expensive part, each physical chunk's per-example gradients, is one function for the whole group: ``vmap``
 over trials (parameters stacked) of ``vmap`` over examples of ``grad`` — the functorch engine's own per-example
 function with the trials' parameters as one more batch dimension. How many trials one call takes is a performance
-choice (``lanes_per_call``): all of them on an accelerator; one on a CPU, where a call over several trials' chunks
-measured slower than the calls one by one (``bench/search_walltime.py``). The numbers are the same either way.
+choice (``lanes_per_call``): all of them on an accelerator; on a CPU one, and then each trial's own engine, since
+there a call over several trials' chunks measured slower than each trial's engine alone (``bench/search_walltime.py``):
+the group then shares the process, the data, the guard's probes and the Ray trial, not the arithmetic.
 
 Why a trial's numbers are its own. Each vmap lane computes one example's gradient under one trial's parameters;
 nothing in it sees another lane (no batch statistic, no random draw: ``randomness="error"``). The lanes' results are
@@ -17,7 +18,8 @@ handed to each trial's own engine (``p.grad_sample`` of its parameters, its real
 clips, sums, noises and steps exactly as in ``run_trial``. Measured (``isolation``, tests/test_group.py): a lane's
 per-example gradients are bitwise the same whatever the group's size, the trial's lane and the chunk's padded size,
 so a trial's result never depends on which other trials share its group (nothing about K or their configs gets
-into it), and every trial of a grouped search, a group of one included, runs this one function. Against the trial
+into it), and every trial of a grouped search runs this one function (a group of one included) where calls take
+several trials, or its own engine where they take one (a CPU). Against the trial
 alone (``run_trial`` with ``clipping: functorch``): bitwise where the batched-parameter kernels are the
 per-example engine's (the MLP and the MNIST tanh CNN: the same parameters, score and measurements); within float32
 rounding elsewhere (a 3x3 convolution with padding becomes a grouped convolution with another summation order:
@@ -192,9 +194,10 @@ def run_group(
     data is touched, as they do in ``run_trial``. A group whose trials cannot share the computation (another
     engine, a model that draws random numbers, a failed ``isolation`` probe) trains them one at a time.
 
-    ``lanes_per_call``: the most trials one vmapped call takes (default: all on an accelerator, 1 on a CPU, where
-    ``bench/search_walltime.py`` measured a call over several trials' chunks slower than the calls one by one; the
-    numbers are bitwise the same either way, see ``isolation``). Performance only."""
+    ``lanes_per_call``: the most trials one vmapped call takes (default: all on an accelerator; 1 on a CPU, where
+    ``bench/search_walltime.py`` measured a call over several trials' chunks slower than each trial's own engine).
+    At 1 each trial's chunks go through its own engine: ``run_trial``'s computation, bitwise, whatever the model.
+    Above 1 the group's function (``_Lanes``), whose numbers do not depend on the group (``isolation``)."""
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
     g = len(configs)
@@ -206,11 +209,12 @@ def run_group(
     trials = [prepare(c, data, dev, sampling_basis=sampling_basis, charged_points=charged, checkpoint_path=p,
                       on_epoch=h) for c, p, h in zip(configs, paths, hooks, strict=True)]
     outcomes: dict[int, Outcome] = {}
-    shared = g > 0 and all(_groupable(t) for t in trials) and isolation(
+    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else max(g, 1))
+    # one trial per call: each trial's own engine, run_trial's computation exactly (nothing to share)
+    shared = per_call > 1 and all(_groupable(t) for t in trials) and isolation(
         [t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
         tuple(data.input_shape), data.num_classes, trials[0].sched.views) is None
     lanes = _Lanes(trials[0].run.model) if shared else None
-    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else max(g, 1))
     gens: dict[int, Generator[Chunk, torch.Tensor, None]] = {i: t.chunks(data, t0) for i, t in enumerate(trials)}
     pending: dict[int, Chunk] = {}
     for i in list(gens):
