@@ -210,11 +210,7 @@ def run_group(
                       on_epoch=h) for c, p, h in zip(configs, paths, hooks, strict=True)]
     outcomes: dict[int, Outcome] = {}
     per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else max(g, 1))
-    # one trial per call: each trial's own engine, run_trial's computation exactly (nothing to share)
-    shared = per_call > 1 and all(_groupable(t) for t in trials) and isolation(
-        [t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
-        tuple(data.input_shape), data.num_classes, trials[0].sched.views) is None
-    lanes = _Lanes(trials[0].run.model) if shared else None
+    lanes = _shared(trials, data, per_call)
     gens: dict[int, Generator[Chunk, torch.Tensor, None]] = {i: t.chunks(data, t0) for i, t in enumerate(trials)}
     pending: dict[int, Chunk] = {}
     for i in list(gens):
@@ -236,6 +232,16 @@ def run_group(
             except Exception as e:
                 outcomes[i] = _crash(e)
     return [outcomes[i] for i in range(g)]
+
+
+def _shared(trials: list[PreparedTrial], data: Splits, per_call: int) -> _Lanes | None:
+    """The group's function when calls take several trials and the trials pass ``isolation``; None: each trial's own
+    engine (at one trial per call, run_trial's computation exactly: nothing to share)."""
+    if per_call <= 1 or not trials or not all(_groupable(t) for t in trials):
+        return None
+    failure = isolation([t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
+                        tuple(data.input_shape), data.num_classes, trials[0].sched.views)
+    return _Lanes(trials[0].run.model) if failure is None else None
 
 
 def _crash(e: BaseException) -> TrialCrash:
