@@ -117,13 +117,15 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
            epochs: float | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
            address: str | None = None, cpus_per_trial: float = 1.0, gpus_per_trial: str = "auto",
            save_checkpoint: bool = False,
-           resume: bool = False, seed: int | None = None, tune_anyway: bool = False) -> SearchResult:
+           resume: bool = False, seed: int | None = None, tune_anyway: bool = False,
+           group_trials: bool = False) -> SearchResult:
     """Run a private search (charged to ``ledger`` before any trial) and return its release.
     ``ledger``: a SQLite file or a ``postgresql://`` URL; default the CLI's (``$DPTUNE_LEDGER``, else
     :func:`dptune.ledger.default_ledger_path`).
     ``tune_anyway``: run a search that plans its final run even when the planner does not expect it to pay.
     ``gpus_per_trial``: ``auto`` (1 where Ray has a GPU), 0, or a fraction: 0.25 packs four trials on each GPU
     (``cpus_per_trial`` each); ``num_gpus``: the GPUs a local Ray offers (default: those it detects).
+    ``group_trials``: trials of one architecture trained together (``dptune search --group-trials``).
 
     Raises :class:`dptune.ConfigError` before anything is charged for bad input; once charged, a search that is
     interrupted or fails raises ``SearchStopped``: nothing released, the charge reserved, and its message ends
@@ -137,7 +139,7 @@ def search(space: str | Path | Mapping[str, Any] | SearchSpace, *, budget_epsilo
     s = _space(space, tune_fraction=tune_fraction, epochs=epochs)
     run_name = name or default_run_name(s)
     ray = RayOptions(address=address, num_cpus=num_cpus, num_gpus=num_gpus, cpus_per_trial=cpus_per_trial,
-                     gpus_per_trial=gpus_per_trial, save_model=save_checkpoint)
+                     gpus_per_trial=gpus_per_trial, save_model=save_checkpoint, group_trials=group_trials)
     try:
         out = run_search(SearchRequest(space=s, run_dir=Path(runs_dir) / run_name,
                                        ledger=ledger_location(ledger),

@@ -130,7 +130,7 @@ def _refuse_data(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the trial touched the data before checking its charge")
 
     monkeypatch.setattr(_trial, "_start", touched)
-    monkeypatch.setattr(_trial, "train_epoch", touched)
+    monkeypatch.setattr(_trial, "epoch_chunks", touched)
 
 
 @pytest.mark.parametrize(("why", "change"), [

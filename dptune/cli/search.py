@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard-port", type=int)
     p.add_argument("--max-failures", type=int, default=3, help="retries per trial, for infrastructure failures")
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint each N epochs (0: off)")
+    p.add_argument("--group-trials", action="store_true",
+                   help="train trials of one architecture together, one computation per group (each trial as if "
+                        "alone; clipping auto runs whole-model vmap); not with an adaptive searcher or "
+                        "--save-checkpoint, where trials run one at a time")
     p.add_argument("--save-checkpoint", action="store_true", help="release the best trial's model too")
     p.add_argument("--storage-path", help="Tune checkpoints on storage every node reaches: a shared (NFS) path or a "
                    "URI such as s3://bucket/dir (curator-only!); default: the run's sealed/ray (one machine)")
@@ -149,7 +153,7 @@ def _request(args: argparse.Namespace) -> SearchRequest:
                      gpus_per_trial=args.gpus_per_trial, dashboard_host=args.dashboard_host,
                      dashboard_port=args.dashboard_port, max_failures=args.max_failures,
                      checkpoint_every=args.checkpoint_every, save_model=args.save_checkpoint,
-                     storage_path=_storage(args.storage_path))
+                     storage_path=_storage(args.storage_path), group_trials=args.group_trials)
     return SearchRequest(space=space, run_dir=Path(args.runs_dir) / name, ledger=_ledger_path(args.ledger),
                          budget_epsilon=args.budget_epsilon, budget_delta=args.budget_delta,
                          resume=args.resume, seed=args.seed,

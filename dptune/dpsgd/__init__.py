@@ -9,7 +9,7 @@ Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-s
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
 checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step),
 ``_alc`` (adaptive layerwise clipping's per-layer clip norms, from public data only),
-``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit``
+``_group`` (several trials of one architecture as one computation: ``run_group``), ``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit``
 uses them).
 """
 
@@ -20,6 +20,7 @@ from dptune.dpsgd._batchclip import BatchClipEngine
 from dptune.dpsgd._bookkeeping import BookKeepingEngine
 from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, make_engine, resolve_clipping
+from dptune.dpsgd._group import TrialCrash, architecture_key, run_group
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._optim import NoiseMeter
@@ -40,8 +41,10 @@ __all__ = [
     "ENGINES",
     "Engine",
     "ScoreRelease",
+    "TrialCrash",
     "TrialResult",
     "TrialStreams",
+    "architecture_key",
     "engine_mode",
     "guarded_clipping",
     "init_model",
@@ -51,6 +54,7 @@ __all__ = [
     "padded_size",
     "public_examples",
     "resolve_clipping",
+    "run_group",
     "run_trial",
     "save_model",
     "validate_model",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -13,9 +13,20 @@ from dptune.config import clipping
 from dptune.data import augment_views
 from dptune.dpsgd._state import TrialRun
 
-__all__ = ["Schedule", "diverged", "padded_size", "physical_chunk", "train_epoch"]
+__all__ = ["Chunk", "Schedule", "diverged", "epoch_chunks", "padded_size", "physical_chunk"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One physical chunk whose per-example gradients a trial needs: ``x`` (rows padded to ``padded_size`` and
+    augmented, ``views`` per example), ``y``, and ``n_real`` real examples; the rest is zero-weight padding."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    views: int
+    n_real: int
 
 
 @dataclass(frozen=True)
@@ -47,8 +58,13 @@ def padded_size(n: int) -> int:
     return -(-n // step) * step
 
 
-def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.device) -> float:
-    """One epoch (or what is left of T); returns the mean training loss (curator-side log only)."""
+def epoch_chunks(run: TrialRun, train: Pair, sched: Schedule, device: torch.device
+                 ) -> Generator[Chunk, torch.Tensor, float]:
+    """One epoch as a generator: it yields each physical chunk whose per-example gradients it needs, and the
+    driver sends back the chunk's summed loss once they are in the engine's parameters (``run_trial``: the
+    trial's own engine; ``_group``: one computation for several trials). Everything else (sampling, clipping,
+    noise, the step, EMA, divergence) is the trial's own, in the same order either way. Returns the epoch's
+    mean training loss (curator-side log only)."""
     x_train, y_train = train
     opt = run.engine.optimizer
     st = run.state
@@ -66,7 +82,8 @@ def train_epoch(run: TrialRun, train: Pair, sched: Schedule, device: torch.devic
         if len(rows) == 0:
             run.engine.empty()
         else:
-            loss_sum += float(_backward(run, x_train, y_train, rows, sched.views, device))  # curator-side log
+            loss = yield _chunk(run, x_train, y_train, rows, sched.views, device)
+            loss_sum += float(loss)  # curator-side log
         if canaries is not None:
             assert run.audit is not None
             run.audit.add_canary_gradients(run.engine, canaries)
@@ -114,9 +131,9 @@ def _poisson(n: int, q: float, steps: int, generator: torch.Generator) -> Iterab
     return UniformWithReplacementSampler(num_samples=n, sample_rate=q, generator=generator, steps=steps)
 
 
-def _backward(run: TrialRun, x_train: torch.Tensor, y_train: torch.Tensor, idx: list[int], views: int,
-              device: torch.device) -> torch.Tensor:
-    """Per-example gradients of one physical chunk (padded to a bucket size; padding contributes nothing)."""
+def _chunk(run: TrialRun, x_train: torch.Tensor, y_train: torch.Tensor, idx: list[int], views: int,
+           device: torch.device) -> Chunk:
+    """One physical chunk, padded to a bucket size (padding contributes nothing) and augmented."""
     index = torch.as_tensor(idx)
     xb, yb = x_train[index], y_train[index]
     pad = padded_size(len(idx)) - len(idx)
@@ -125,4 +142,4 @@ def _backward(run: TrialRun, x_train: torch.Tensor, y_train: torch.Tensor, idx: 
         yb = torch.cat([yb, yb.new_zeros(pad)])
     if views > 0:
         xb = augment_views(xb, views, run.streams.augment)
-    return run.engine.backward(xb.to(device), yb.to(device), views, len(idx))
+    return Chunk(xb.to(device), yb.to(device), views, len(idx))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +20,14 @@ from dptune.dpsgd._charge import check_charged
 from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import engine_mode, make_engine
 from dptune.dpsgd._guard import guarded_clipping
-from dptune.dpsgd._loop import Schedule, physical_chunk, train_epoch
+from dptune.dpsgd._loop import Chunk, Schedule, epoch_chunks, physical_chunk
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, trial_identity
 from dptune.dpsgd._streams import TrialStreams
 from dptune.models import build_model
 
-__all__ = ["TrialResult", "init_model", "run_trial", "schedule"]
+__all__ = ["PreparedTrial", "TrialResult", "init_model", "prepare", "run_trial", "schedule"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -102,6 +102,56 @@ def run_trial(
     search, a final training or a CLI."""
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
+    prepared = prepare(config, data, dev, sampling_basis=sampling_basis, charged_points=charged_points,
+                       checkpoint_path=checkpoint_path, on_epoch=on_epoch, _audit=_audit)
+    chunks = prepared.chunks(data, t0)
+    engine = prepared.run.engine
+    try:
+        chunk = next(chunks)
+        while True:  # each physical chunk's per-example gradients from the trial's own engine
+            chunk = chunks.send(engine.backward(chunk.x, chunk.y, chunk.views, chunk.n_real))
+    except StopIteration:
+        pass
+    return prepared.finish(data, evaluate_test, return_model, t0)
+
+
+@dataclass
+class PreparedTrial:
+    """A trial set up and ready to train (``prepare``): its run (model, engine, streams), schedule and checkpoint.
+    ``chunks`` is its whole training as a generator of physical chunks (``_loop.epoch_chunks``, epoch after epoch,
+    a checkpoint and ``on_epoch`` after each); whoever drives it fills each chunk's per-example gradients: the
+    trial's own engine (``run_trial``) or one computation for several trials (``_group``)."""
+
+    config: TrialConfig
+    sched: Schedule
+    run: TrialRun
+    device: torch.device
+    identity: dict[str, Any]
+    checkpoint_path: Path | None
+    on_epoch: Callable[[int, dict[str, Any]], None] | None
+    resumed_seconds: float
+
+    def chunks(self, data: Splits, t0: float) -> Generator[Chunk, torch.Tensor, None]:
+        st = self.run.state
+        while st.steps < self.sched.steps and not st.diverged:
+            train_loss = yield from epoch_chunks(self.run, data.train, self.sched, self.device)
+            st.seconds = self.resumed_seconds + time.perf_counter() - t0
+            if self.checkpoint_path is not None:
+                save_checkpoint(Path(self.checkpoint_path), self.run, self.identity)
+            if self.on_epoch is not None:
+                self.on_epoch(st.epochs_done, {"train_loss": train_loss, "steps": st.steps, "diverged": st.diverged})
+
+    def finish(self, data: Splits, evaluate_test: bool, return_model: bool, t0: float) -> TrialResult:
+        return _finish(self.run, self.config, data, self.sched, self.device, evaluate_test, return_model,
+                       self.resumed_seconds + time.perf_counter() - t0)
+
+
+def prepare(config: TrialConfig, data: Splits, dev: torch.device, *, sampling_basis: float | None = None,
+            charged_points: Iterable[Any] | None = None, checkpoint_path: Path | None = None,
+            on_epoch: Callable[[int, dict[str, Any]], None] | None = None,
+            _audit: AuditHooks | None = None) -> PreparedTrial:
+    """A trial's schedule (the clipping guard included), its charge check (before any data is touched), its
+    model, engine and streams, and its checkpoint restored when one exists (see ``run_trial``)."""
     n = len(data.train[1])
     basis = n if sampling_basis is None else sampling_basis
     sched = schedule(config, basis, data.num_classes, data.input_shape)
@@ -113,17 +163,7 @@ def run_trial(
     run = _start(config, data, sched, dev, _audit)
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         restore_checkpoint(Path(checkpoint_path), run, identity, dev)
-    resumed_seconds = run.state.seconds
-    st = run.state
-    while st.steps < sched.steps and not st.diverged:
-        train_loss = train_epoch(run, data.train, sched, dev)
-        st.seconds = resumed_seconds + time.perf_counter() - t0
-        if checkpoint_path is not None:
-            save_checkpoint(Path(checkpoint_path), run, identity)
-        if on_epoch is not None:
-            on_epoch(st.epochs_done, {"train_loss": train_loss, "steps": st.steps, "diverged": st.diverged})
-    return _finish(run, config, data, sched, dev, evaluate_test, return_model,
-                   resumed_seconds + time.perf_counter() - t0)
+    return PreparedTrial(config, sched, run, dev, identity, checkpoint_path, on_epoch, run.state.seconds)
 
 
 def _start(config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device,

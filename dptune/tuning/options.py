@@ -34,6 +34,9 @@ class RayOptions:
     # shipped with Ray's runtime_env py_modules
     py_modules: tuple[str, ...] = ()
     job_metadata: dict[str, str] = field(default_factory=dict)
+    # trials of one architecture trained together, one Ray trial per group (tuning.grouping; random search and the
+    # scaled searcher, not an adaptive one, nor --save-checkpoint): each trial's result is its own alone
+    group_trials: bool = False
 
 
 def gpus_per_trial(value: str, cluster_gpus: float) -> float:

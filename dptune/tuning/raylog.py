@@ -135,11 +135,13 @@ def _last_error(trial: Any) -> BaseException | None:
 
 class SealedLog(Callback):
     """Per-trial lines go to sealed/logs/trials.log; to the terminal only with --show-trials. A lost worker
-    is said once, in a fixed line (one line per loss would count the trials running at a node's death)."""
+    is said once, in a fixed line (one line per loss would count the trials running at a node's death).
+    ``groups``: with grouped trials, each Ray trial's members (the lines name the members, never the group)."""
 
-    def __init__(self, path: Path, show: bool) -> None:
+    def __init__(self, path: Path, show: bool, groups: list[list[int]] | None = None) -> None:
         self.path = path
         self.show = show
+        self.groups = groups
         self.recoveries: dict[int, int] = {}
         self.said: set[str] = set()  # each fixed line once (one per loss would count the trials running)
 
@@ -150,23 +152,28 @@ class SealedLog(Callback):
         if self.show:
             print(f"[curator] {line}", flush=True)
 
+    def _members(self, trial: Any) -> list[int]:
+        if self.groups is not None and "group" in trial.config:
+            return list(self.groups[int(trial.config["group"])])
+        return [int(trial.config.get("trial_index", -1))]
+
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        index = int(trial.config.get("trial_index", -1))
-        self.recoveries[index] = self.recoveries.get(index, 0) + 1
         line = recovery_line(_last_error(trial))
         what = {LOST_WORKER: "lost its worker", TRIAL_RAISED: "raised an error"}.get(line, "failed")
-        self._write(f"trial {index} {what} (infrastructure); retried as the same trial")
+        for index in self._members(trial):
+            self.recoveries[index] = self.recoveries.get(index, 0) + 1
+            self._write(f"trial {index} {what} (infrastructure); retried as the same trial")
         if line not in self.said:
             self.said.add(line)
             print(line, flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        r = trial.last_result or {}
-        self._write(f"trial {r.get('trial_index')} done: score={r.get('score')} diverged={r.get('diverged')} "
-                    f"crashed={r.get('crashed')} params={r.get('params')} seconds={r.get('seconds')}")
+        for r in (trial.last_result or {}).get("trials") or [trial.last_result or {}]:
+            self._write(f"trial {r.get('trial_index')} done: score={r.get('score')} diverged={r.get('diverged')} "
+                        f"crashed={r.get('crashed')} params={r.get('params')} seconds={r.get('seconds')}")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         error = ""
         if getattr(trial, "error_file", None) and os.path.exists(trial.error_file):
             error = Path(trial.error_file).read_text(errors="replace")[-4000:]
-        self._write(f"trial {trial.config.get('trial_index')} failed after retries (infrastructure):\n{error}")
+        self._write(f"trial {', '.join(map(str, self._members(trial)))} failed after retries (infrastructure):\n{error}")

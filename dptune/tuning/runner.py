@@ -32,7 +32,7 @@ from dptune.tuning.draw import Draw
 from dptune.tuning.options import RayOptions, gpus_per_trial
 from dptune.tuning.raylog import SealedLog, sealed_ray_logs
 from dptune.tuning.search_alg import search_alg
-from dptune.tuning.trainable import dptune_trial
+from dptune.tuning.trainable import dptune_group, dptune_trial
 
 __all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials",
            "sealed_ray_logs"]
@@ -142,16 +142,18 @@ class _Heartbeat:
 
 
 def make_tuner(trainable: Any, trials: int, storage: Path | str, callbacks: list[Callback], max_failures: int,
-               search_alg: Any = None, scheduler: Any = None, name: str = "tune") -> tune.Tuner:
+               search_alg: Any = None, scheduler: Any = None, name: str = "tune", key: str = "trial_index"
+               ) -> tune.Tuner:
     """dptune's Tune settings: all trials in one fit, reused actors (no per-trial process start and
-    torch/Opacus import), no per-trial logger files, quiet driver (bench/trial_overhead.py measures this)."""
+    torch/Opacus import), no per-trial logger files, quiet driver (bench/trial_overhead.py measures this).
+    ``key``: what the grid runs over (``trial_index``, or ``group`` for grouped trials)."""
     if search_alg is not None:
         param_space: dict[str, Any] = {}
         tune_config = tune.TuneConfig(num_samples=trials, search_alg=search_alg, scheduler=scheduler,
                                       reuse_actors=True, trial_name_creator=_trial_name,
                                       trial_dirname_creator=_trial_name)
     else:
-        param_space = {"trial_index": tune.grid_search(list(range(trials)))}
+        param_space = {key: tune.grid_search(list(range(trials)))}
         tune_config = tune.TuneConfig(num_samples=1, scheduler=scheduler, reuse_actors=True,
                                       trial_name_creator=_trial_name, trial_dirname_creator=_trial_name)
     run_config = tune.RunConfig(
@@ -174,7 +176,7 @@ def _sigterm_as_sigint() -> Iterator[None]:
 
 
 def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: SealedLog, opts: RayOptions,
-           resume: bool) -> tune.Tuner:
+           resume: bool, groups: list[list[int]] | None = None) -> tune.Tuner:
     storage: Path | str = opts.storage_path or run.ray_dir.resolve()  # never a relative path (ArrowInvalid)
     name = str(run.read_state().get("tune_experiment", "tune"))
     exp_dir = f"{str(storage).rstrip('/')}/{name}" if isinstance(storage, str) else str(storage / name)
@@ -190,6 +192,8 @@ def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: Sea
             run.write_state(tune_experiment=name)
             print("  Ray Tune's saved state could not be read: the search continues from its sealed draw (the same "
                   "trials and seeds, no new charge; details in sealed/logs/driver.log)", flush=True)
+    if groups is not None:  # one Ray trial per group of the draw's trials (a fixed draw: no search algorithm)
+        return make_tuner(trainable, len(groups), storage, [log], opts.max_failures, name=name, key="group")
     alg = search_alg(space, draw)  # seeded from the draw's own sampler stream
     return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg, name=name)
 
@@ -216,21 +220,30 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     finish) or :class:`SearchFailed` (Tune itself failed)."""
     resources = {"cpu": opts.cpus_per_trial, "gpu": _gpus(opts)}
     fixed = {k: v for k, v in space.fixed.to_public_dict().items() if k not in space.space}
-    trainable = tune.with_resources(
-        tune.with_parameters(dptune_trial, data=data, slots=draw.trials, fixed=fixed,
-                             threads=max(1, int(opts.cpus_per_trial)), save_model=opts.save_model,
-                             checkpoint_every=opts.checkpoint_every, adaptive_seed_base=draw.stream_seed("searcher"),
-                             sampling_basis=sampling_basis, charged_points=list(charged_points), transfer=transfer),
-        resources)
-    log = SealedLog(run.sealed / "logs" / "trials.log", show_trials)
+    adaptive = searcher(space.searcher).adaptive
+    groups = None
+    if opts.group_trials and not adaptive and not opts.save_model:
+        basis = sampling_basis if sampling_basis is not None else float(len(data.train[1]))
+        groups = _groups(draw, fixed, transfer, basis, _slots(resources))
+    common = dict(data=data, slots=draw.trials, fixed=fixed, threads=max(1, int(opts.cpus_per_trial)),
+                  checkpoint_every=opts.checkpoint_every, sampling_basis=sampling_basis,
+                  charged_points=list(charged_points), transfer=transfer)
+    if groups is not None:
+        trainable = tune.with_resources(tune.with_parameters(dptune_group, groups=groups, **common), resources)
+    else:
+        trainable = tune.with_resources(
+            tune.with_parameters(dptune_trial, save_model=opts.save_model,
+                                 adaptive_seed_base=draw.stream_seed("searcher"), **common), resources)
+    log = SealedLog(run.sealed / "logs" / "trials.log", show_trials, groups)
     try:
         with progress(show_trials), _sigterm_as_sigint(), _legacy_output():
-            grid = _tuner(space, draw, run, trainable, log, opts, resume).fit()
+            grid = _tuner(space, draw, run, trainable, log, opts, resume, groups).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
         where = _log_traceback(run)
         raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); {where}") from None
-    rows, unfinished, errors = _rows(grid, draw, log, adaptive=searcher(space.searcher).adaptive,
-                                     checkpoints=run.sealed / "checkpoints" if opts.save_model else None)
+    rows, unfinished, errors = _rows(grid, draw, log, adaptive=adaptive,
+                                     checkpoints=run.sealed / "checkpoints" if opts.save_model else None,
+                                     groups=groups)
     rows.sort(key=lambda r: r.index)
     if any("ChargeMismatch" in e for e in errors):  # refused before touching data: a dptune bug
         raise SearchFailed("a trial's (q, T, σ, score noise) lay outside the charged points; it refused to run "
@@ -242,8 +255,29 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     return rows
 
 
-def _rows(grid: Any, draw: Draw, log: SealedLog, adaptive: bool,
-          checkpoints: Path | None) -> tuple[list[TrialRow], int, list[str]]:
+def _slots(resources: dict[str, float]) -> int:
+    """How many trials Ray can run at once on the cluster (public: the curator's resources)."""
+    have = ray.cluster_resources()
+    slots = int(float(have.get("CPU", 1.0)) // max(resources["cpu"], 1e-9))
+    if resources["gpu"] > 0:
+        slots = min(slots, int(float(have.get("GPU", 0.0)) // resources["gpu"]))
+    return max(slots, 1)
+
+
+def _groups(draw: Draw, fixed: dict[str, Any], transfer: Any, basis: float, slots: int) -> list[list[int]]:
+    """The draw's trials in groups (``tuning.grouping``), from the public space, the sealed draw and the resources."""
+    from dptune.config import TrialConfig
+    from dptune.tuning.grouping import plan_groups
+
+    configs = []
+    for slot in draw.trials:
+        cfg = TrialConfig.from_dict({**fixed, **slot["params"]})
+        configs.append(transfer.trial_config(cfg) if transfer is not None else cfg)
+    return plan_groups(configs, slots, basis)
+
+
+def _rows(grid: Any, draw: Draw, log: SealedLog, adaptive: bool, checkpoints: Path | None,
+          groups: list[list[int]] | None = None) -> tuple[list[TrialRow], int, list[str]]:
     """(finished rows, trials not finished, errors of trials that failed for infrastructure reasons)."""
     rows: list[TrialRow] = []
     unfinished = 0
@@ -251,6 +285,18 @@ def _rows(grid: Any, draw: Draw, log: SealedLog, adaptive: bool,
     for i in range(len(grid)):
         res = grid[i]
         m = dict(res.metrics or {})
+        if groups is not None:  # one Ray trial per group: each member's own row, or every member unfinished
+            members = groups[int((res.config or {}).get("group", i))]
+            if res.error is not None:
+                errors.append(str(res.error))
+            if res.error is not None or not m.get("final"):
+                unfinished += len(members)
+                continue
+            for row in m.get("trials", []):
+                index = int(row["trial_index"])
+                rows.append(TrialRow.from_metrics(index, draw.trials[index]["seed"], row,
+                                                  1 + log.recoveries.get(index, 0)))
+            continue
         index = m.get("trial_index", (res.config or {}).get("trial_index", i))
         index = i if index == -1 else int(index)
         seed = str(m.get("seed", "0")) if adaptive else draw.trials[index]["seed"]

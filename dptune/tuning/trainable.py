@@ -5,11 +5,15 @@ decided from the noised parameters) scores −∞ and counts (rule 5). Anything 
 model factory, out of memory, a lost worker or node) does not depend on the data: it is infrastructure, so
 the trial fails, Ray retries it from its last checkpoint with the same index, seed and hyperparameters, and
 if it still fails the search stops with its charge reserved (nothing released) until ``--resume``.
+A group of trials (``--group-trials``, ``dptune_group``) is one Ray trial: there a member whose own computation
+raises while the others go on is that member's result (−∞, ``crashed``), and anything else is the group's
+infrastructure failure, retried from every member's checkpoint.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import tempfile
 import time
@@ -20,7 +24,7 @@ from ray import tune
 
 from dptune.config import TrialConfig
 
-__all__ = ["dptune_trial"]
+__all__ = ["dptune_group", "dptune_trial"]
 
 
 def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
@@ -83,11 +87,7 @@ def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, 
     result = dpsgd.run_trial(cfg, data, checkpoint_path=ckpt_path, on_epoch=on_epoch, device=device,
                              return_model=save_model, sampling_basis=sampling_basis,
                              charged_points=charged_points or None)
-    metrics = {**base, "score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
-               "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
-               "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
-               "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
-               "measured": {**_measured(result), "device": device}}
+    metrics = {**base, **_result_metrics(result, device)}
     if save_model and result.model_state is not None:
         out = work / "final"
         out.mkdir()
@@ -97,14 +97,81 @@ def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, 
     tune.report(metrics)
 
 
+def _result_metrics(result: Any, device: str) -> dict[str, Any]:
+    """A finished trial's report fields (``TrialRow.from_metrics``); a group's crashed member scores −∞."""
+    from dptune.dpsgd import TrialCrash
+
+    if isinstance(result, TrialCrash):
+        return {"score": -math.inf, "diverged": False, "crashed": True, "error": result.error}
+    return {"score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
+            "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
+            "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
+            "seconds": float(result.seconds), "clipping_mode": result.clipping_mode,
+            "measured": {**_measured(result), "device": device}}
+
+
+def dptune_group(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], groups: list[list[int]],
+                 fixed: dict[str, Any], threads: int = 1, checkpoint_every: int = 0,
+                 sampling_basis: float | None = None, charged_points: list[Any] | None = None,
+                 transfer: Any = None) -> None:
+    """A group of the sealed draw's trials (``tuning.grouping``) as one Ray trial: ``dpsgd.run_group`` trains them
+    as one computation, each exactly as if it ran alone, and one final report carries each member's own row
+    (``trials``). A member whose own computation raised scores −∞ and the others go on; anything else that raises
+    fails the group as infrastructure (Ray retries it from its members' checkpoints)."""
+    started = time.time()
+    import torch
+
+    torch.set_num_threads(threads)
+    members = groups[int(config["group"])]
+    work = _work_dir()
+    try:
+        _group_body(work, members, started, data=data, slots=slots, fixed=fixed, checkpoint_every=checkpoint_every,
+                    sampling_basis=sampling_basis, charged_points=charged_points, transfer=transfer)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _group_body(work: Path, members: list[int], started: float, *, data: Any, slots: list[dict[str, Any]],
+                fixed: dict[str, Any], checkpoint_every: int, sampling_basis: float | None,
+                charged_points: list[Any] | None, transfer: Any) -> None:
+    import torch
+
+    from dptune import dpsgd
+    from dptune.tuning.grouping import group_clipping
+
+    attempts = _restore(work)
+    device = "cuda" if torch.cuda.is_available() and tune.get_context().get_trial_resources().required_resources.get(
+        "GPU", 0) > 0 else "cpu"
+    configs = []
+    for index in members:
+        params = dict(slots[index]["params"])
+        cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slots[index]["seed"])})
+        if transfer is not None:
+            cfg = transfer.trial_config(cfg)
+        configs.append(group_clipping(cfg, lambda c: dpsgd.guarded_clipping(c, data.num_classes, data.input_shape)))
+
+    def on_epoch(epoch: int, metrics: dict[str, Any]) -> None:
+        if checkpoint_every and epoch % checkpoint_every == 0:  # every member's checkpoint, no score
+            tune.report({"final": False, "epoch": epoch}, checkpoint=tune.Checkpoint.from_directory(str(work)))
+
+    results = dpsgd.run_group(configs, data, device=device, sampling_basis=sampling_basis,
+                              charged_points=charged_points or None,
+                              checkpoint_paths=[work / f"trial-{index}.pt" for index in members],
+                              on_epoch=[on_epoch] * len(members))
+    rows = [{"final": True, "started": started, "trial_index": index, "params": dict(slots[index]["params"]),
+             "seed": str(slots[index]["seed"]), "node_id": _node_id(), "attempts": attempts,
+             **_result_metrics(result, device)} for index, result in zip(members, results, strict=True)]
+    tune.report({"final": True, "trials": rows})
+
+
 def _restore(work: Path) -> int:
     """After an infrastructure failure, the trial's last checkpoint into ``work``; the attempt number."""
     restored = tune.get_checkpoint()
     attempts = 1
     if restored is not None:  # resume the same trial (same index, seed, hyperparameters)
         d = Path(restored.to_directory(str(work / "restored")))  # inside the work dir: never a /tmp download
-        if (d / "trial.pt").exists():
-            shutil.copy(d / "trial.pt", work / "trial.pt")
+        for ckpt in d.glob("trial*.pt"):  # a trial's trial.pt, or each group member's trial-<index>.pt
+            shutil.copy(ckpt, work / ckpt.name)
         if (d / "attempts").exists():
             attempts = int((d / "attempts").read_text()) + 1
         shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""Several trials in one computation (dptune.dpsgd._group): each trial of a group is the trial alone.
+
+Real trials on the embedded digits data, real Opacus optimizers; the reference is ``run_trial`` itself."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dptune.config import TrialConfig
+from dptune.config.params import sampling_rate, trial_steps
+from dptune.data import Splits
+from dptune.dpsgd import run_trial
+from dptune.dpsgd._group import TrialCrash, isolation, run_group
+from dptune.dpsgd._trial import TrialResult, prepare
+from tests.conftest import importable_module
+
+BASE = TrialConfig(model="mlp", groups=4, clipping="functorch", momentum=0.0, physical_batch_size=48,
+                   score_noise=4.0, epochs=1.0)
+# three trials of one architecture: batch size, learning rate, epochs, σ and C all differ (B 128 > 48: chunks)
+TRIALS = [BASE.replace(batch_size=64, learning_rate=0.5, noise_multiplier=1.0, seed=2**100 + 1),
+          BASE.replace(batch_size=128, learning_rate=1.5, noise_multiplier=2.0, max_grad_norm=0.6, epochs=2.0,
+                       seed=2**100 + 2),
+          BASE.replace(batch_size=32, learning_rate=0.2, noise_multiplier=0.7, seed=2**100 + 3)]
+
+
+def _same(a: TrialResult | TrialCrash, b: TrialResult | TrialCrash) -> None:
+    assert isinstance(a, TrialResult) and isinstance(b, TrialResult)
+    assert a.model_state is not None and b.model_state is not None
+    assert a.model_state.keys() == b.model_state.keys()
+    for k in a.model_state:
+        assert torch.equal(a.model_state[k], b.model_state[k]), k
+    assert (a.score, a.val_accuracy_raw, a.steps, a.noise_additions, a.noised_coordinates, a.noise_std,
+            a.mean_batch_size, a.applied_score_noise, a.diverged) == \
+           (b.score, b.val_accuracy_raw, b.steps, b.noise_additions, b.noised_coordinates, b.noise_std,
+            b.mean_batch_size, b.applied_score_noise, b.diverged)
+
+
+def test_group_trials_equal_one_at_a_time_bitwise(digits: Splits) -> None:
+    """Parameters after their T steps, score, noise and batch measurements: bitwise those of each trial alone."""
+    for per_call in (3, 1):  # one vmapped call over the trials' chunks, or each trial's own engine (the CPU default)
+        group = run_group(TRIALS, digits, return_model=True, lanes_per_call=per_call)
+        for config, got in zip(TRIALS, group, strict=True):
+            _same(got, run_trial(config, digits, return_model=True))
+
+
+def test_trial_result_does_not_depend_on_its_group(digits: Splits) -> None:
+    """GN-CNN, where the group's batched-parameter convolution sums in another order than the engine alone: a
+    trial's numbers are still the same in a group of one and a group of three (its company, and so K, cannot show),
+    and within float32 rounding of ``run_trial``'s."""
+    cnn = [c.replace(model="gn_cnn", physical_batch_size=64, epochs=0.25) for c in TRIALS[:2]]
+    alone = run_group(cnn[1:], digits, return_model=True, lanes_per_call=3)[0]  # the group's function, alone
+    together = run_group([cnn[0], cnn[1], cnn[0].replace(seed=7)], digits, return_model=True, lanes_per_call=3)[1]
+    _same(alone, together)
+    ref = run_trial(cnn[1], digits, return_model=True)
+    assert isinstance(alone, TrialResult) and alone.model_state is not None and ref.model_state is not None
+    assert alone.model_state.keys() == ref.model_state.keys()
+    worst = max(float((alone.model_state[k] - ref.model_state[k]).abs().max()) for k in ref.model_state)
+    assert 0 < worst < 1e-4  # not bitwise here, and not far
+
+
+def test_each_trial_runs_its_own_charge(digits: Splits) -> None:
+    """Measured per trial inside one group: noise additions == steps == T, noise std σ·C (each its own σ and C),
+    the realised mean Poisson batch q·n at its own q (binomial 99.9 % interval)."""
+    n = len(digits.train[1])
+    group = run_group(TRIALS, digits, lanes_per_call=3)
+    for config, got in zip(TRIALS, group, strict=True):
+        assert isinstance(got, TrialResult)
+        q = sampling_rate(batch_size=config.batch_size, basis=n)
+        steps = trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=n)
+        assert got.noise_additions == got.steps == steps
+        assert got.sampling_rate == q
+        assert got.noise_std == pytest.approx(config.noise_multiplier * config.max_grad_norm, rel=0.02)
+        assert abs(got.mean_batch_size - q * n) <= 3.29 * math.sqrt(n * q * (1 - q) / steps)
+    stds = sorted(g.noise_std or 0.0 for g in group if isinstance(g, TrialResult))
+    assert stds[0] * 1.15 < stds[1] and stds[1] * 1.15 < stds[2]  # control: the trials' noise really differs
+
+
+CRASHING = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """An MLP whose evaluation raises once its first layer's weights are large: a user model's own exception."""
+
+    def __init__(self, num_classes, shape):
+        super().__init__()
+        self.first = nn.Linear(shape[0] * shape[1] * shape[2], 32)
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        if not self.training and float(self.first.weight.abs().max()) > 5.0:
+            raise FloatingPointError("weights ran away")
+        return self.head(torch.tanh(self.first(x.flatten(1))))
+
+
+def make(num_classes, input_shape, groups):
+    return Net(num_classes, input_shape)
+'''
+
+
+@pytest.fixture()
+def crashing(tmp_path: Path) -> Iterator[Path]:
+    with importable_module(tmp_path, "group_crash_models", CRASHING) as folder:
+        yield folder
+
+
+def test_a_crash_scores_that_trial_minus_inf_and_leaves_the_others(digits: Splits, crashing: Path) -> None:
+    model = "factory:group_crash_models:make"
+    healthy = [c.replace(model=model) for c in TRIALS[:2]]
+    runaway = TRIALS[2].replace(model=model, learning_rate=500.0, noise_multiplier=5.0)
+    group = run_group([healthy[0], runaway, healthy[1]], digits, return_model=True, lanes_per_call=3)
+    assert isinstance(group[1], TrialCrash) and group[1].score == -math.inf
+    assert "FloatingPointError" in group[1].error
+    without = run_group(healthy, digits, return_model=True, lanes_per_call=3)
+    _same(group[0], without[0])
+    _same(group[2], without[1])
+    with pytest.raises(FloatingPointError):  # control: alone, the same trial raises
+        run_trial(runaway, digits)
+
+
+DROPOUT = '''
+from torch import nn
+
+
+def make(num_classes, input_shape, groups):
+    d = input_shape[0] * input_shape[1] * input_shape[2]
+    return nn.Sequential(nn.Flatten(), nn.Linear(d, 16), nn.Dropout(0.5), nn.Tanh(), nn.Linear(16, num_classes))
+'''
+
+
+@pytest.fixture()
+def dropout(tmp_path: Path) -> Iterator[Path]:
+    with importable_module(tmp_path, "group_dropout_models", DROPOUT) as folder:
+        yield folder
+
+
+def _probe(configs: list[TrialConfig], data: Splits) -> str | None:
+    trials = [prepare(c, data, torch.device("cpu")) for c in configs]
+    engines: Any = [t.run.engine for t in trials]
+    return isolation([t.run.model for t in trials], engines, tuple(data.input_shape), data.num_classes, 0)
+
+
+def test_isolation_probe(digits: Splits, dropout: Path) -> None:
+    """The group's guard passes for real trials (one example of one trial moves no other trial's gradients, each
+    lane equals its trial alone) and fails for a model that draws random numbers (dropout: lanes would share
+    the global stream); such a group trains its trials one at a time, each with its own engine."""
+    assert _probe(TRIALS, digits) is None
+    assert _probe([c.replace(model="gn_cnn") for c in TRIALS], digits) is None
+    drop = [c.replace(model="factory:group_dropout_models:make", epochs=0.2) for c in TRIALS[:2]]
+    failure = _probe(drop, digits)
+    assert failure is not None and "fails" in failure
+    assert all(isinstance(r, TrialResult) and r.steps > 0 for r in run_group(drop, digits))
+
+
+def test_a_group_is_one_architecture(digits: Splits) -> None:
+    with pytest.raises(ValueError, match="architecture"):
+        run_group([TRIALS[0], TRIALS[1].replace(groups=2)], digits)
