@@ -1,15 +1,9 @@
-"""``dptune plan`` (``python -m dptune.plan``): what a trial and a whole search cost, before anything touches data.
-From explicit numbers::
-
-    python -m dptune.plan --noise-multiplier 1.5 --sampling-rate 0.04 --steps 2250 --delta 1e-5 \\
-        --stopping poisson --mean 3 --public-validation
-
-or from a search space (worst case over it)::
-
-    python -m dptune.plan --space search_spaces/digits.yaml [--target-epsilon 4] [--tune-fraction 0.25]
-
-With ``--space`` and ``--target-epsilon`` it also prints budget-split advice: every stopping rule, mean number of
-trials, score noise, search share and tune fraction priced side by side, and whether a search can pay at all.
+"""``dptune plan`` (``python -m dptune.plan``): what a trial and a whole search cost, before anything touches data,
+from explicit numbers (``--noise-multiplier 1.5 --sampling-rate 0.04 --steps 2250 --delta 1e-5 --stopping poisson
+--mean 3 --public-validation``), a search space (``--space search_spaces/digits.yaml``, the worst case over it) or one
+derived from the data (``--data digits --target-epsilon 4``). With a space and ``--target-epsilon`` it also prints
+budget-split advice: every stopping rule, mean number of trials, score noise, search share and tune fraction priced
+side by side, and whether a search can pay at all.
 """
 
 from __future__ import annotations
@@ -209,9 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         out = _summary(plan)
         if space is not None:
             out["tune_fraction"] = space.tune_fraction
-            if space.auto is not None:
+            if space.auto is not None:  # space: auto: the derived space, as the search shows and releases it
                 from dptune.release import public_auto
-
                 out["auto"] = public_auto(space)
             if clipping_sensitivity(space) > 1:  # what BatchNorm costs: the same σ, q, T clipped per example
                 per_example = plan_search(_per_example(space), plan.n_train, plan.stopping, compare=False)

@@ -31,7 +31,7 @@ RULES_VERSION = 1  # bumped whenever a rule below changes (a derived space names
 # each reader's input shape (C, H, W): fixed by the reader (imagefolder resizes to 32x32 RGB), never read off files
 _SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32),
            "cifar100": (3, 32, 32), "svhn": (3, 32, 32), "imagefolder": (3, 32, 32)}
-_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
+_CLASS_COUNTS = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
 
 # The literature default each kind of data is judged against (the K = 0 release too): Opacus' MNIST example
 # (pytorch/opacus, examples/mnist.py, its argparse defaults: batch size 64, 10 epochs, SGD lr 0.1 without momentum,
@@ -97,7 +97,7 @@ def facts_of(dataset: Mapping[str, Any], *, n_train: int, target_epsilon: float,
         classes = len(dataset.get("classes") or ())
     elif name in _SHAPES:
         kind, shape = "image", _SHAPES[name]
-        classes = len(dataset.get("classes") or ()) if name in specs.DECLARED_CLASSES else _CLASSES[name]
+        classes = len(dataset.get("classes") or ()) if name in specs.DECLARED_CLASSES else _CLASS_COUNTS[name]
     else:
         raise ConfigError("dataset.name", f"{name!r} has no public shape to derive a space from",
                           f"use space: auto with one of {', '.join([*_SHAPES, 'table'])}")
