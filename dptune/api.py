@@ -37,7 +37,10 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
     elif isinstance(space, Mapping):
         out = parse_space(dict(space), source=None, n_train=_auto_size(space))
     else:
-        raw = yaml.safe_load(Path(space).read_text()) if Path(space).is_file() else None
+        try:  # a space: auto file on a table or folder is sized on its counted split; load_space names bad YAML
+            raw = yaml.safe_load(Path(space).read_text()) if Path(space).is_file() else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            raw = None
         out = load_space(space, n_train=_auto_size(raw) if isinstance(raw, Mapping) else None)
     changes: dict[str, Any] = {}
     if tune_fraction is not None:

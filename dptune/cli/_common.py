@@ -107,13 +107,11 @@ def space_from_args(args: Any, *, n_train: int | None = None, count: bool = Fals
     derived space on a table or image folder is sized on its counted training split (the search reads it anyway)."""
     from pathlib import Path
 
-    import yaml
-
     from dptune.config import auto, load_space, parse_space
 
     if getattr(args, "data", None) is None:
-        raw = yaml.safe_load(Path(args.space).read_text()) if Path(args.space).is_file() else None
-        if not (isinstance(raw, dict) and auto.is_auto(raw)):
+        raw = _yaml_or_none(Path(args.space))
+        if not (isinstance(raw, dict) and auto.is_auto(raw)):  # load_space reads it (and names what is wrong)
             return load_space(args.space)
         source = args.space
     else:
@@ -127,6 +125,16 @@ def space_from_args(args: Any, *, n_train: int | None = None, count: bool = Fals
     if n_train is None and count:
         n_train = _counted_train_size(raw)
     return parse_space(raw, source, n_train=n_train, hardware=getattr(args, "hardware", "cpu"))
+
+
+def _yaml_or_none(path: Any) -> Any:
+    """A file's YAML, or None where it is no readable YAML (``load_space`` then says what is wrong)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
 
 
 def _data_section(text: str) -> dict[str, Any]:
