@@ -62,8 +62,8 @@ def synthetic(seed: int) -> Splits:
 
 
 def mnist_public(seed: int) -> Splits:
-    sys.path.insert(0, "bench")  # harness is bench's own package
-    from harness.proxy import mnist_public as load
+    # from the repository root: python -m bench.auto_rules
+    from bench.harness.proxy import mnist_public as load
 
     return load(seed)  # type: ignore[no-any-return]
 
