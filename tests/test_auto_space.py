@@ -156,6 +156,7 @@ def test_a_derived_search_not_expected_to_pay_exits_2_with_nothing_charged(tmp_p
                  "--budget-epsilon", "10", "--runs-dir", str(tmp_path / "runs"), "--num-cpus", "1"], isolated_env)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "does not expect this search to beat" in r.stderr and "--tune-anyway" in r.stderr, r.stderr
+    assert "raise --target-epsilon" in r.stderr and "search_share" not in r.stderr, r.stderr
     assert "space: auto (rules v" in r.stdout  # the derived space was shown before anything
     from dptune.ledger import Ledger
 

@@ -58,8 +58,9 @@ def verdict(space: SearchSpace, n_train: int, n_val: int, planned: tuple[Plan, T
         raise ConfigError("--tune-anyway", "the planner does not expect this search to beat training the baseline "
                           "config (planner.baseline, else the default) once with the whole budget (see its verdict "
                           "above); nothing was charged",
-                          "raise privacy.target_epsilon, widen privacy.search_share or the space, or pass "
-                          "--tune-anyway (API: tune_anyway=True) to search anyway")
+                          ("raise --target-epsilon (a derived space's rules are fixed: space: auto)" if space.auto
+                           else "raise privacy.target_epsilon, widen privacy.search_share or the space")
+                          + ", or pass --tune-anyway (API: tune_anyway=True) to search anyway")
     say("  --tune-anyway: searching although the planner does not expect it to pay")
 
 
