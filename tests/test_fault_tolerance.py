@@ -156,6 +156,7 @@ def test_interrupted_search_never_releases_and_resumes_the_rest(tmp_path: Path, 
     assert _release(tmp_path, "intr") == _release(reference, "ref")
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 def test_diverging_trials_count_with_minus_infinity(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     space = yaml.safe_load((ROOT / SPACE).read_text())
     space["space"]["learning_rate"] = {"type": "float", "low": 1e30, "high": 1e32, "log": True}

@@ -330,6 +330,7 @@ def test_missing_key_of_a_ledger_with_charges_is_refused(tmp_path: Path) -> None
     assert r.returncode == 2 and "key" in r.stderr and not led.key_path.exists()
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 def test_default_ledger_is_one_absolute_per_user_file_printed_on_every_charge(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 22 item 3: without --ledger, searches started from two working directories charge one per-user

@@ -25,6 +25,7 @@ def _search_args(tmp_path: Path, name: str, *extra: str) -> list[str]:
             "--dashboard-port", str(free_port()), "--smoke-test", *extra]
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 @pytest.mark.ray
 def test_trial_work_dirs_with_their_secrets_are_not_left_in_tmp(tmp_path: Path,
                                                                isolated_env: dict[str, str]) -> None:

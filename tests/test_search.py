@@ -177,6 +177,7 @@ def test_bad_yaml_exits_2(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     assert r.returncode == 2 and "unknown_key" in r.stderr
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 @pytest.mark.ray
 def test_tpe_runs_under_composed_accounting(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     # --checkpoint-every: mid-trial reports carry no score; TPE must still run (issue item 21)
@@ -194,6 +195,7 @@ def test_tpe_runs_under_composed_accounting(tmp_path: Path, isolated_env: dict[s
     assert cert["epsilon"] == pytest.approx(A.epsilon([A.stopping_rule("composed", mean=2).search_event(worst)], 1e-5))
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 @pytest.mark.ray
 def test_subsample_tuning(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """search.tune_fraction f: trials at q = B/(f·n) on a Poisson subsample, the charge amplified, the
@@ -229,6 +231,7 @@ def test_subsample_tuning(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     assert "poisson" in (run / "sealed" / "report.html").read_text()
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 @pytest.mark.ray
 def test_storage_path_uri_end_to_end(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """Tune's checkpoints on --storage-path (a file:// URI, as s3:// would be): the release still gets the

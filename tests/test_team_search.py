@@ -35,6 +35,7 @@ def _key_file(home: Path) -> Path:
     return key
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 def test_team_search_survives_a_lost_server_and_another_curator_trains_its_release(pg: Any, pg_url: str,
                                                                                    tmp_path: Path) -> None:
     """Items 3 and 5: (a) the server stops (immediate) while the search's trial runs: the search stops with its

@@ -97,6 +97,7 @@ def test_the_verdict_gate_exits_2_before_anything_is_charged(tmp_path: Path,
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+@pytest.mark.integration  # a whole search end to end (make test-slow; CI runs it)
 def test_tune_anyway_runs_the_search_and_says_so(tmp_path: Path) -> None:
     """A real Ray search (3 trials, 1 epoch) of a space the planner does not expect to pay, with --tune-anyway:
     it runs, says so, charges the plan, and each trial measured the noise of its planned σ_c."""
