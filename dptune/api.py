@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dptune.accounting import Plan, plan_search
 from dptune.certificate import Certificate, load_certificate
 from dptune.config import SearchSpace, check_space, load_space, nominal_train_size, parse_space
@@ -34,14 +32,10 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
            epochs: float | None = None) -> SearchSpace:
     if isinstance(space, SearchSpace):
         out = space
-    elif isinstance(space, Mapping):
-        out = parse_space(dict(space), source=None, n_train=_auto_size(space))
+    elif isinstance(space, Mapping):  # a space: auto on a table or folder is sized on its counted split
+        out = parse_space(dict(space), source=None, count_train=_train_size)
     else:
-        try:  # a space: auto file on a table or folder is sized on its counted split; load_space names bad YAML
-            raw = yaml.safe_load(Path(space).read_text()) if Path(space).is_file() else None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            raw = None
-        out = load_space(space, n_train=_auto_size(raw) if isinstance(raw, Mapping) else None)
+        out = load_space(space, count_train=_train_size)
     changes: dict[str, Any] = {}
     if tune_fraction is not None:
         changes["tune_fraction"] = check_unit_interval("tune_fraction", tune_fraction, "choose e.g. 0.25, or 1",
@@ -56,16 +50,8 @@ def _space(space: str | Path | Mapping[str, Any] | SearchSpace, *, tune_fraction
     return out
 
 
-def _auto_size(raw: Mapping[str, Any]) -> int | None:
-    """A ``space: auto`` mapping on a table or folder: its counted training split (the space is sized on it)."""
-    from dptune.config import auto
-    from dptune.config.load import parse_dataset
-
-    if not auto.is_auto(raw):
-        return None
-    spec = parse_dataset(raw)
-    if nominal_train_size(spec) is not None:
-        return None
+def _train_size(spec: Any) -> int:
+    """A table's or folder's training split, counted (torch is imported only for such a space: auto)."""
     from dptune.data import train_size
 
     return train_size(spec)

@@ -103,38 +103,17 @@ def add_space_arguments(p: Any, *, required: bool = True) -> None:
 
 
 def space_from_args(args: Any, *, n_train: int | None = None, count: bool = False) -> Any:
-    """The space of ``--space`` or ``--data`` (``--target-epsilon`` sets a derived space's budget). ``count``: a
-    derived space on a table or image folder is sized on its counted training split (the search reads it anyway)."""
-    from pathlib import Path
-
+    """The space of ``--space`` or ``--data`` (``--target-epsilon`` and ``--hardware``: a derived space's budget and
+    hardware). ``count``: a derived space on a table or image folder is sized on its counted training split (the
+    search reads the data anyway)."""
     from dptune.config import auto, load_space, parse_space
 
+    derive: dict[str, Any] = {"n_train": n_train, "count_train": _counted_train_size if count else None,
+                              "target_epsilon": getattr(args, "target_epsilon", None),
+                              "hardware": getattr(args, "hardware", "cpu")}
     if getattr(args, "data", None) is None:
-        raw = _yaml_or_none(Path(args.space))
-        if not (isinstance(raw, dict) and auto.is_auto(raw)):  # load_space reads it (and names what is wrong)
-            return load_space(args.space)
-        source = args.space
-    else:
-        raw, source = {"dataset": _data_section(args.data), "space": auto.AUTO}, None
-    target = getattr(args, "target_epsilon", None)
-    if target is not None:
-        raw["privacy"] = {**(raw.get("privacy") or {}), "target_epsilon": target}
-    elif not (raw.get("privacy") or {}).get("target_epsilon"):
-        raise ConfigError("--target-epsilon", "a space derived from the data needs the total budget",
-                          "give --target-epsilon E (search and final training together), e.g. 2")
-    if n_train is None and count:
-        n_train = _counted_train_size(raw)
-    return parse_space(raw, source, n_train=n_train, hardware=getattr(args, "hardware", "cpu"))
-
-
-def _yaml_or_none(path: Any) -> Any:
-    """A file's YAML, or None where it is no readable YAML (``load_space`` then says what is wrong)."""
-    import yaml
-
-    try:
-        return yaml.safe_load(path.read_text()) if path.is_file() else None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
+        return load_space(args.space, **derive)
+    return parse_space({"dataset": _data_section(args.data), "space": auto.AUTO}, None, **derive)
 
 
 def _data_section(text: str) -> dict[str, Any]:
@@ -156,14 +135,11 @@ def _data_section(text: str) -> dict[str, Any]:
     return {"name": name, **({"path": path} if path else {})}
 
 
-def _counted_train_size(raw: dict[str, Any]) -> int | None:
+def _counted_train_size(spec: Any) -> int:
     """A table's or image folder's training split, counted (its size only; the search reads the same data)."""
-    from dptune.config import nominal_train_size
-    from dptune.config.load import parse_dataset
     from dptune.data import train_size
 
-    spec = parse_dataset(raw)
-    return None if nominal_train_size(spec) is not None else train_size(spec)
+    return train_size(spec)
 
 
 def auto_text(released: dict[str, Any]) -> str:

@@ -38,7 +38,6 @@ _CLASS_COUNTS = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, 
 # clip 1.0; σ here from the budget). Opacus ships no tabular example; the same library default is what a team
 # without tuned hyperparameters trains on a table too, so tables are judged against it as well.
 LITERATURE_DEFAULT = {"batch_size": 64, "learning_rate": 0.1, "epochs": 10, "groups": 4}
-LITERATURE_SOURCE = "Opacus' MNIST example (pytorch/opacus examples/mnist.py defaults: B 64, lr 0.1, 10 epochs, C 1)"
 
 # The final run's learning rate L at batch size 256 (B trains at L·√(B/256)), per model family, searched over
 # [L0, 2·L0] (log-uniform), fixed on the public proxies (bench/results/auto_rules.md): the tanh CNN from the public

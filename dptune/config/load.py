@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,8 @@ __all__ = ["load_space", "nominal_train_size", "official_pool", "parse_dataset",
 _TOP_KEYS = ("name", "dataset", "model", "fixed", "space", "default", "privacy", "search", "planner", "alc")
 
 
-def load_space(path: str | Path, *, n_train: int | None = None, hardware: str = "cpu") -> SearchSpace:
+def load_space(path: str | Path, **derive: Any) -> SearchSpace:
+    """The space file at ``path``; ``derive``: :func:`parse_space`'s settings for a ``space: auto`` file."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("--space", f"file {str(p)!r} does not exist", "pass an existing YAML file, "
@@ -51,20 +52,22 @@ def load_space(path: str | Path, *, n_train: int | None = None, hardware: str = 
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(str(p), f"malformed YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from e
-    return parse_space(raw, source=str(p), n_train=n_train, hardware=hardware)
+    return parse_space(raw, source=str(p), **derive)
 
 
 _AUTO_KEYS = ("name", "dataset", "privacy", "space")
 
 
-def _derive_auto(raw: Mapping[str, Any], n_train: int | None, hardware: str) -> tuple[dict[str, Any],
-                                                                                      auto.PublicFacts]:
+def _derive_auto(raw: Mapping[str, Any], n_train: int | None, count_train: Callable[[DatasetSpec], int] | None,
+                 target_epsilon: float | None, hardware: str) -> tuple[dict[str, Any], auto.PublicFacts]:
     """``space: auto``: the space file the rules derive from the data's public facts and the budget."""
     extra = sorted(set(raw) - set(_AUTO_KEYS))
     if extra:
         raise ConfigError(extra[0], "space: auto derives it from public facts",
                           f"remove {extra[0]}: (or write the whole space by hand without space: auto)")
     pr = _section(raw, "privacy", ("target_epsilon", "delta"))
+    if target_epsilon is not None:
+        pr["target_epsilon"] = target_epsilon
     if "target_epsilon" not in pr:
         raise ConfigError("privacy.target_epsilon", "space: auto needs the total budget",
                           "give privacy.target_epsilon (or --target-epsilon), e.g. 2")
@@ -74,6 +77,8 @@ def _derive_auto(raw: Mapping[str, Any], n_train: int | None, hardware: str) -> 
         raise ConfigError("privacy.target_epsilon", f"{eps!r} must be > 0", "choose e.g. 2")
     dataset = parse_dataset(raw)
     n = nominal_train_size(dataset) or n_train
+    if n is None and count_train is not None:
+        n = count_train(dataset)
     if n is None:
         raise ConfigError("dataset", f"space: auto sizes the search on the training split, and a {dataset.name}'s "
                           "size is counted, not published", "pass --n-train N (dptune plan); dptune search counts it")
@@ -95,15 +100,17 @@ def _section(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> dict
 
 
 def parse_space(raw: Any, source: str | None = None, *, n_train: int | None = None,
+                count_train: Callable[[DatasetSpec], int] | None = None, target_epsilon: float | None = None,
                 hardware: str = "cpu") -> SearchSpace:
     """A validated :class:`SearchSpace` from a YAML mapping (ConfigError naming the key otherwise). ``space: auto``
-    derives everything but the data and the budget from public facts (:mod:`dptune.config.auto`): ``n_train`` is
-    the training split's size where the dataset's reader does not publish it (a table's or folder's, counted),
-    ``hardware`` the hardware named (cpu or gpu)."""
+    derives everything but the data and the budget from public facts (:mod:`dptune.config.auto`), with these
+    settings (a hand-written space ignores them): ``n_train`` the training split's size where the dataset's reader
+    does not publish it (a table's or folder's), else ``count_train(dataset)`` counts it; ``target_epsilon`` the
+    total budget in place of the file's ``privacy.target_epsilon``; ``hardware`` the hardware named (cpu or gpu)."""
     if not isinstance(raw, Mapping):
         raise ConfigError("search space", "the file is not a YAML mapping", "see search_spaces/digits.yaml")
     if auto.is_auto(raw):
-        derived, facts = _derive_auto(raw, n_train, hardware)
+        derived, facts = _derive_auto(raw, n_train, count_train, target_epsilon, hardware)
         space_obj = parse_space(derived, source)
         return dataclasses.replace(space_obj, auto={"rules": auto.RULES_VERSION, "facts": facts.to_dict(),
                                                     "space": derived})
