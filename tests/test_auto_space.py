@@ -198,3 +198,11 @@ def test_the_api_plans_a_derived_space_on_a_counted_table(tmp_path: Path) -> Non
     path = tmp_path / "auto.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert dptune.plan(str(path)).search_epsilon == plan.search_epsilon
+
+
+def test_search_refuses_a_budget_flag_a_hand_written_space_would_ignore(tmp_path: Path) -> None:
+    ledger = tmp_path / "l.sqlite"
+    r = run_cli(["-m", "dptune.search", "--space", "search_spaces/digits.yaml", "--target-epsilon", "2", "--ledger",
+                 str(ledger), "--budget-epsilon", "10", "--runs-dir", str(tmp_path / "runs")], env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "--target-epsilon" in r.stderr and "written by hand" in r.stderr, r.stderr
+    assert not ledger.exists() and not (tmp_path / "runs").exists()

@@ -145,6 +145,9 @@ def _request(args: argparse.Namespace) -> SearchRequest:
 
     _check_args(args)
     space = _apply_overrides(space_from_args(args, count=True), args)
+    if args.target_epsilon is not None and space.auto is None:  # it would change nothing that runs
+        raise ConfigError("--target-epsilon", "sets the budget of a space derived from the data (--data or a space: "
+                          "auto file), and this space is written by hand", "set privacy.target_epsilon in the space")
     name = args.name or default_run_name(space)
     if args.resume and not args.name:
         raise ConfigError("--resume", "needs the --name of the interrupted search", "give --name NAME")
