@@ -43,6 +43,7 @@ def _field(out: str, name: str) -> str:
     return m.group(1)
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): the CIFAR-10 bench end to end, ~14 s
 def test_smoke_run_prints_every_field(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     res = subprocess.run([sys.executable, str(BENCH), "--smoke", "--threads", "1", "--json", str(tmp_path / "r.json")],

@@ -158,6 +158,7 @@ def _rgb(data: Splits, fraction: float) -> Splits:
     return make_splits(rgb(s.train), rgb(s.val), rgb(s.test), s.num_classes)
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): torchvision's ResNet-18 probed and trained, ~19 s
 def test_torchvision_resnet18_batchnorm_refused_or_fixed(digits: Splits) -> None:
     data = _rgb(digits, 0.15)
     space = parse_space(_space({"torchvision": "resnet18"}))

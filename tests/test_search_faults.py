@@ -239,6 +239,7 @@ def test_a_killed_head_raylet_says_where_the_charge_stands_and_resumes(tmp_path:
     _finished_the_draw(tmp_path, "raylet")
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): a whole search command, ~16 s
 def test_an_unwritable_run_folder_after_the_reservation_says_where_the_charge_stands(
         tmp_path: Path, isolated_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Item 19: a run folder that cannot be written (as a full disk) gave a raw traceback, and the failure

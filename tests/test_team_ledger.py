@@ -205,6 +205,7 @@ def test_unreachable_server_at_start_exits_2_naming_the_host_not_the_password(tm
     assert not (tmp_path / "runs").exists() and "charged to the ledger" not in r.stdout
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): a whole search command beside a server, ~17 s
 def test_a_file_ledger_on_a_ray_up_node_is_warned_about_before_the_charge(pg_url: str, tmp_path: Path) -> None:
     """Item 6: on a node `ray up` created (~/ray_bootstrap_config.yaml), a search whose ledger is a local file
     says, before it is charged, that `ray down` loses the budget and how to use the team ledger (DPTUNE_LEDGER);

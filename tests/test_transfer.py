@@ -222,6 +222,7 @@ def test_a_gain_within_its_standard_error_is_not_expected_to_pay() -> None:
         parse_space(raw)
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): every shipped MNIST rehearsal planned, ~18 s
 def test_the_shipped_mnist_rehearsals_are_of_the_shipped_searches() -> None:
     """Each MNIST space's rehearsal is current (a change to the search or its code would leave it stale, and the
     verdict would fall back silently), carries its standard error, and is what judges: at total ε 1 no search
