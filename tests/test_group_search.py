@@ -4,7 +4,11 @@ loopback), real trials on digits, the same NOT PRIVATE draw seed."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +17,9 @@ import pytest
 import yaml
 
 from dptune.config import TrialConfig
+from dptune.ledger import Ledger
 from dptune.tuning.grouping import plan_groups
-from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli
+from tests.conftest import ROOT, digits_seed_with_k, free_port, run_cli, trial_processes, wait_until
 
 
 def _space(tmp_path: Path) -> Path:
@@ -54,11 +59,14 @@ def _transcript(text: str, name: str, tmp_path: Path) -> str:
     return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
 
 
-@pytest.mark.integration  # two whole searches through Ray (make test-slow; CI runs it)
-def test_grouped_search_equals_one_at_a_time(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+@pytest.mark.integration  # two whole searches through Ray per K (make test-slow; CI runs it)
+@pytest.mark.parametrize("k", [(1, 2), (4, 6)], ids=["K1-2", "K4-6"])
+def test_grouped_search_equals_one_at_a_time(tmp_path: Path, isolated_env: dict[str, str],
+                                             k: tuple[int, int]) -> None:
     """Same draw: every sealed row (score, raw accuracy, steps, measured noise and batches), the released config,
-    the certificate's charge, and the terminal transcript are those of the one-at-a-time search."""
-    seed = digits_seed_with_k(3, 5)
+    the certificate's charge, and the terminal transcript are those of the one-at-a-time search, at a small and a
+    larger K (groups of one trial, and groups of several): the transcript says no more about K grouped."""
+    seed = digits_seed_with_k(*k)
     out_a, run_a = _search(tmp_path, isolated_env, "alone", seed)
     out_b, run_b = _search(tmp_path, isolated_env, "grouped", seed, "--group-trials")
     assert _rows(run_a) == _rows(run_b)
@@ -80,3 +88,61 @@ def test_groups_are_one_architecture_balanced_over_the_slots() -> None:
     assert sorted(groups) == [[0, 1], [2], [3, 4], [5]]  # loads 4+1, 3+2 (T ∝ epochs); groups=2 apart
     assert plan_groups(configs, slots=1, basis=1000.0) == [[0, 1, 3, 4], [2, 5]]
     assert plan_groups(configs[:1], slots=4, basis=1000.0) == [[0]]
+
+
+@pytest.mark.integration  # three whole searches through Ray, one killed (make test-slow; CI runs it)
+def test_a_killed_grouped_search_resumes_its_own_groups(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """A grouped search SIGKILLed with its Ray once Tune saved its trials (the groups), then resumed on one CPU
+    (where the draw would be split into fewer groups: Tune's saved group numbers then named other members, or
+    none): the resume restores Tune's experiment with the first session's groups, charges nothing more, and every
+    sealed row equals the one-at-a-time search's. Resumed without --group-trials it says it keeps them."""
+    seed = digits_seed_with_k(3, 5)
+    _, alone = _search(tmp_path, isolated_env, "alone", seed)
+    name = "killed"
+    args = ["-m", "dptune.search", "--space", str(_space(tmp_path)), "--name", name, "--runs-dir",
+            str(tmp_path / "runs"), "--ledger", str(tmp_path / "killed.sqlite"), "--budget-epsilon", "30",
+            "--smoke-test", "--seed", str(seed)]
+    proc = subprocess.Popen([sys.executable, *args, "--num-cpus", "2", "--dashboard-port", str(free_port()),
+                             "--group-trials"], cwd=ROOT, env=isolated_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    state = tmp_path / "runs" / name / "sealed" / "state.json"
+    try:
+        wait_until(lambda: state.exists() and json.loads(state.read_text()).get("status") == "running")
+        wait_until(lambda: bool(trial_processes(proc.pid)) or proc.poll() is not None, step=0.05)
+        # Tune's own saved experiment (its trials: the groups), which the resume restores
+        wait_until(lambda: any(state.parent.glob("ray/*/experiment_state*.json")) or proc.poll() is not None,
+                   step=0.05)
+        assert proc.poll() is None, "the search finished before its trials could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    groups = json.loads(state.read_text()).get("groups")
+    assert groups and sorted(i for g in groups for i in g) == list(range(len(_rows(alone))))
+    ledger = Ledger(tmp_path / "killed.sqlite")
+    assert [c.status for c in ledger.charges()] == ["reserved"]
+    r = run_cli([*args, "--num-cpus", "1", "--dashboard-port", str(free_port()), "--group-trials", "--resume"],
+                isolated_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "could not be read" not in r.stdout, r.stdout  # Tune's own state restored, not a fresh experiment
+    assert json.loads(state.read_text())["groups"] == groups
+    assert [c.status for c in ledger.charges()] == ["committed"]
+    assert _rows(tmp_path / "runs" / name) == _rows(alone)
+
+
+def test_a_resume_keeps_the_first_sessions_grouping(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The grouping is decided once, before Tune saves anything, and sealed: a resume reads it back whatever
+    ``--group-trials`` says now, and says when the flag differs."""
+    from dptune.rundir import RunDir
+    from dptune.tuning.options import RayOptions
+    from dptune.tuning.runner import _stored_groups
+
+    run = RunDir(tmp_path / "run")
+    run.sealed.mkdir(parents=True)
+    run.write_state(groups=[[0, 2], [1]])
+    assert _stored_groups(run, RayOptions(group_trials=True)) == [[0, 2], [1]]
+    assert capsys.readouterr().out == ""
+    assert _stored_groups(run, RayOptions(group_trials=False)) == [[0, 2], [1]]
+    assert "started with --group-trials and resumes that way" in capsys.readouterr().out
+    run.write_state(groups=None)
+    assert _stored_groups(run, RayOptions(group_trials=True)) is None
+    assert "started without --group-trials and resumes that way" in capsys.readouterr().out
