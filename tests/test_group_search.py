@@ -59,22 +59,53 @@ def _transcript(text: str, name: str, tmp_path: Path) -> str:
     return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
 
 
+KS = {"K1-2": (1, 2), "K4-6": (4, 6)}  # groups of one trial, and groups of several
+
+
+@pytest.fixture(scope="module")
+def searches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, tuple[str, Path]]]:
+    """Per K: the same draw searched one trial at a time and grouped (stdout, run folder)."""
+    from tests.conftest import isolated_env_for
+
+    out: dict[str, dict[str, tuple[str, Path]]] = {}
+    for label, k in KS.items():
+        base = tmp_path_factory.mktemp(label)
+        env = isolated_env_for(base)
+        seed = digits_seed_with_k(*k)
+        out[label] = {"alone": _search(base, env, "alone", seed), "base": ("", base),
+                      "grouped": _search(base, env, "grouped", seed, "--group-trials")}
+    return out
+
+
 @pytest.mark.integration  # two whole searches through Ray per K (make test-slow; CI runs it)
-@pytest.mark.parametrize("k", [(1, 2), (4, 6)], ids=["K1-2", "K4-6"])
-def test_grouped_search_equals_one_at_a_time(tmp_path: Path, isolated_env: dict[str, str],
-                                             k: tuple[int, int]) -> None:
+@pytest.mark.parametrize("label", list(KS))
+def test_grouped_search_equals_one_at_a_time(searches: dict[str, dict[str, tuple[str, Path]]], label: str) -> None:
     """Same draw: every sealed row (score, raw accuracy, steps, measured noise and batches), the released config,
-    the certificate's charge, and the terminal transcript are those of the one-at-a-time search, at a small and a
-    larger K (groups of one trial, and groups of several): the transcript says no more about K grouped."""
-    seed = digits_seed_with_k(*k)
-    out_a, run_a = _search(tmp_path, isolated_env, "alone", seed)
-    out_b, run_b = _search(tmp_path, isolated_env, "grouped", seed, "--group-trials")
+    the certificate's charge, and the terminal transcript are those of the one-at-a-time search."""
+    (out_a, run_a), (out_b, run_b), (_, base) = (searches[label][m] for m in ("alone", "grouped", "base"))
     assert _rows(run_a) == _rows(run_b)
     assert (run_a / "release" / "best_config.yaml").read_text() == (run_b / "release" / "best_config.yaml").read_text()
     cert_a, cert_b = (json.loads((r / "release" / "certificate.json").read_text()) for r in (run_a, run_b))
     assert (cert_a["epsilon"], cert_a["delta"], cert_a["events"]) == (cert_b["epsilon"], cert_b["delta"],
                                                                         cert_b["events"])
-    assert _transcript(out_a, "alone", tmp_path) == _transcript(out_b, "grouped", tmp_path)
+    assert _transcript(out_a, "alone", base) == _transcript(out_b, "grouped", base)
+
+
+@pytest.mark.integration  # the searches above (make test-slow; CI runs it)
+def test_the_transcript_is_the_same_for_every_k(searches: dict[str, dict[str, tuple[str, Path]]]) -> None:
+    """Grouped, at K 1-2 and 4-6: the transcripts differ only in what is released (the config and its noised
+    score), with the rows above checked to differ in number, so nothing on the terminal tells K."""
+    a, b = (searches[label] for label in KS)
+    assert len(_rows(a["grouped"][1])) < len(_rows(b["grouped"][1]))
+
+    def released_masked(label: str) -> str:
+        text = _transcript(searches[label]["grouped"][0], "grouped", searches[label]["base"][1])
+        text = re.sub(r"(?m)^(  config: ).*$", r"\1<released>", text)
+        return re.sub(r"(?m)^(  score:  )[0-9.]+", r"\1<score>", text)
+
+    first, second = (released_masked(label) for label in KS)
+    assert "<released>" in first and "<score>" in first
+    assert first == second
 
 
 def test_groups_are_one_architecture_balanced_over_the_slots() -> None:
@@ -90,14 +121,15 @@ def test_groups_are_one_architecture_balanced_over_the_slots() -> None:
     assert plan_groups(configs[:1], slots=4, basis=1000.0) == [[0]]
 
 
-@pytest.mark.integration  # three whole searches through Ray, one killed (make test-slow; CI runs it)
-def test_a_killed_grouped_search_resumes_its_own_groups(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+@pytest.mark.integration  # two whole searches through Ray, one killed, and the K4-6 one above (make test-slow; CI runs it)
+def test_a_killed_grouped_search_resumes_its_own_groups(tmp_path: Path, isolated_env: dict[str, str],
+                                                        searches: dict[str, dict[str, tuple[str, Path]]]) -> None:
     """A grouped search SIGKILLed with its Ray once Tune saved its trials (the groups), then resumed on one CPU
     (where the draw would be split into fewer groups: Tune's saved group numbers then named other members, or
     none): the resume restores Tune's experiment with the first session's groups, charges nothing more, and every
     sealed row equals the one-at-a-time search's. Resumed without --group-trials it says it keeps them."""
-    seed = digits_seed_with_k(3, 5)
-    _, alone = _search(tmp_path, isolated_env, "alone", seed)
+    seed = digits_seed_with_k(*KS["K4-6"])
+    alone = searches["K4-6"]["alone"][1]  # the same draw, one trial at a time
     name = "killed"
     args = ["-m", "dptune.search", "--space", str(_space(tmp_path)), "--name", name, "--runs-dir",
             str(tmp_path / "runs"), "--ledger", str(tmp_path / "killed.sqlite"), "--budget-epsilon", "30",
