@@ -156,8 +156,12 @@ def verdict_table(run: Run, cells: Cells) -> list[str]:
     if not run.verdicts:
         return []
     lines = ["## The planner's verdict against the measured sign (mean difference to (a))", "",
-             "| ε | search | verdict (proxy) | measured − (a) | agrees |", "|---|---|---|---|---|"]
-    agree = total = 0
+             "Two readings: by the sign of the mean difference (the verdict is right when it says \"pays\" and the "
+             "mean gain is > 0), and by significance (right when it says \"pays\" exactly where the search beats "
+             "(a): CI above 0 and p < 0.05, as in the accuracy table).", "",
+             "| ε | search | verdict (proxy) | measured − (a) | agrees (sign) | beats (a) | agrees (significance) |",
+             "|---|---|---|---|---|---|---|"]
+    agree = total = agree_sig = 0
     grid = len(run.bench.spec.grid)
     for (m, eps), a in run.verdicts.items():
         rows = [v for (e, _), c in sorted(cells.items()) if e == eps and (v := values(c, grid)) and m in v]
@@ -165,13 +169,17 @@ def verdict_table(run: Run, cells: Cells) -> list[str]:
             f" ± {a.rehearsed_se:.4f}" if a.rehearsed_se else "")
         said = f"{'pays' if a.pays else 'does not pay'} ({why})"
         if not rows:
-            lines.append(f"| {eps:g} | {m} | {said} | – | – |")
+            lines.append(f"| {eps:g} | {m} | {said} | – | – | – | – |")
             continue
-        diff = float(np.mean([r[m] - r["a"] for r in rows]))
+        diffs = np.array([r[m] - r["a"] for r in rows])
+        diff = float(diffs.mean())
         ok = (diff > 0) == a.pays
-        agree, total = agree + ok, total + 1
-        lines.append(f"| {eps:g} | {m} | {said} | {100 * diff:+.1f} ({len(rows)} rows) | {'yes' if ok else '**no**'} |")
-    return [*lines, "", f"Agreement: {agree} of {total} cells with rows."]
+        beats = significance(*paired_stats(diffs)[1:]) if len(diffs) > 1 else "–"
+        ok_sig = (beats == "yes") == a.pays
+        agree, total, agree_sig = agree + ok, total + 1, agree_sig + (ok_sig and beats != "–")
+        lines.append(f"| {eps:g} | {m} | {said} | {100 * diff:+.1f} ({len(rows)} rows) | {'yes' if ok else '**no**'} "
+                     f"| {beats} | {'–' if beats == '–' else ('yes' if ok_sig else '**no**')} |")
+    return [*lines, "", f"Agreement: {agree} of {total} cells with rows by sign, {agree_sig} by significance."]
 
 
 def report(run: Run, cells: Cells) -> str:
