@@ -159,6 +159,8 @@ def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 # slow and integration are set by hand, tests/test_markers.py checks the commands leave nothing out): a CLI
 # subprocess environment (isolated HOME for Ray's token) means Ray; the real digits data means a DP-SGD run.
 _RAY_FIXTURES = frozenset({"isolated_env"})
+# a whole search (the CLI or the API: Ray starts, or the command runs up to it) in the test or one of its fixtures
+_RAY_CALLS = ("isolated_env_for(", "\"dptune.search\"", "dptune.search(")
 _TRAIN_FIXTURES = frozenset({"digits", "small"})
 # a model's gradients computed (the clipping guard, an engine's step, the CLI's training): as slow as training
 _TRAIN_CALLS = ("run_trial(", "run_final(", "dptune.train", "run_group(", "validate_model(", "make_engine(",
@@ -170,9 +172,10 @@ _DB_FIXTURES = frozenset({"pg", "pg_url"})
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        if names & _RAY_FIXTURES or "isolated_env_for(" in _source(item):
+        source = _source(item)
+        if names & _RAY_FIXTURES or any(s in source for s in _RAY_CALLS):
             item.add_marker(pytest.mark.ray)
-        if names & _TRAIN_FIXTURES or any(s in _source(item) for s in _TRAIN_CALLS):
+        if names & _TRAIN_FIXTURES or any(s in source for s in _TRAIN_CALLS):
             item.add_marker(pytest.mark.train)
         callspec = getattr(item, "callspec", None)
         if names & _DB_FIXTURES or (callspec is not None and callspec.params.get("ledger_at") == "postgresql"):
@@ -180,10 +183,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _source(item: pytest.Item) -> str:
+    """The test's source and that of every fixture it uses (a module fixture running a whole search is the test's
+    cost too)."""
     import inspect
 
-    fn = getattr(item, "function", None)
-    try:
-        return inspect.getsource(fn) if fn is not None else ""
-    except (OSError, TypeError):
-        return ""
+    fns = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info is not None else ()):
+        fns.extend(d.func for d in defs if not d.func.__module__.startswith("_pytest"))
+    out = []
+    for fn in fns:
+        try:
+            out.append(inspect.getsource(fn) if fn is not None else "")
+        except (OSError, TypeError):
+            continue
+    return "\n".join(out)
