@@ -178,3 +178,58 @@ def test_a_resume_keeps_the_first_sessions_grouping(tmp_path: Path, capsys: pyte
     run.write_state(groups=None)
     assert _stored_groups(run, RayOptions(group_trials=True)) is None
     assert "started without --group-trials and resumes that way" in capsys.readouterr().out
+
+
+RAISES_LATE = '''
+from torch import nn
+
+
+class Net(nn.Module):
+    """An MLP that raises in evaluation after 5 training calls when built with 8 groups: the user's own exception,
+    late enough that the clipping guard's probes (fresh copies, a few calls) never meet it."""
+
+    def __init__(self, num_classes, shape, groups):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 32), nn.Tanh(),
+                                  nn.Linear(32, num_classes))
+        self.groups, self.trained = groups, 0
+
+    def forward(self, x):
+        self.trained += int(self.training)
+        if self.groups == 8 and not self.training and self.trained >= 5:
+            raise RuntimeError("the user's model raised")
+        return self.body(x)
+
+
+def make(num_classes, input_shape, groups):
+    return Net(num_classes, input_shape, groups)
+'''
+
+
+@pytest.mark.integration  # two whole searches through Ray, each stopped (make test-slow; CI runs it)
+def test_a_member_that_raises_stops_the_grouped_search_as_it_stops_the_search_alone(
+        tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """A trial whose model raises is infrastructure alone (retried, then the search stops: nothing released, the
+    charge reserved). Grouped, its exception scored it −∞ and the search released the best of the others: a
+    raise on the private data chose the release. Now both searches stop the same way."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "raiseslate.py").write_text(RAISES_LATE)
+    space = yaml.safe_load(_space(tmp_path).read_text())
+    space["model"] = {"factory": "raiseslate:make"}
+    path = tmp_path / "raises.yaml"
+    path.write_text(yaml.safe_dump(space))
+    env = {**isolated_env, "PYTHONPATH": f"{ROOT}:{code}"}
+    seed = digits_seed_with_k(*KS["K4-6"])
+    outcomes = {}
+    for name, extra in (("alone", []), ("grouped", ["--group-trials"])):
+        r = run_cli(["-m", "dptune.search", "--space", str(path), "--name", name, "--runs-dir", str(tmp_path / "runs"),
+                     "--ledger", str(tmp_path / f"{name}.sqlite"), "--budget-epsilon", "30", "--num-cpus", "2",
+                     "--dashboard-port", str(free_port()), "--smoke-test", "--seed", str(seed), "--max-failures", "1",
+                     *extra], env)
+        release = tmp_path / "runs" / name / "release"
+        outcomes[name] = (r.returncode, "a trial raised an error" in r.stdout + r.stderr,
+                          release.exists() and any(release.iterdir()),
+                          [c.status for c in Ledger(tmp_path / f"{name}.sqlite").charges()])
+    assert outcomes["alone"] == (1, True, False, ["reserved"]), outcomes
+    assert outcomes["grouped"] == outcomes["alone"], outcomes

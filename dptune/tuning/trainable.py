@@ -5,15 +5,15 @@ decided from the noised parameters) scores −∞ and counts (rule 5). Anything 
 model factory, out of memory, a lost worker or node) does not depend on the data: it is infrastructure, so
 the trial fails, Ray retries it from its last checkpoint with the same index, seed and hyperparameters, and
 if it still fails the search stops with its charge reserved (nothing released) until ``--resume``.
-A group of trials (``--group-trials``, ``dptune_group``) is one Ray trial: there a member whose own computation
-raises while the others go on is that member's result (−∞, ``crashed``), and anything else is the group's
-infrastructure failure, retried from every member's checkpoint.
+A group of trials (``--group-trials``, ``dptune_group``) is one Ray trial under the same rule: a member whose own
+computation raises (the others go on unchanged inside ``dpsgd.run_group``) fails the group as infrastructure,
+retried from every member's checkpoint, exactly as that trial alone would fail. An exception is no noised
+release: a −∞ score for it would let a raise on the private data pick the released config.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import shutil
 import tempfile
 import time
@@ -97,12 +97,12 @@ def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, 
     tune.report(metrics)
 
 
-def _result_metrics(result: Any, device: str) -> dict[str, Any]:
-    """A finished trial's report fields (``TrialRow.from_metrics``); a group's crashed member scores −∞."""
-    from dptune.dpsgd import TrialCrash
+class TrialRaised(RuntimeError):
+    """A group member's own exception, re-raised for the group (its text goes to sealed/logs only)."""
 
-    if isinstance(result, TrialCrash):
-        return {"score": -math.inf, "diverged": False, "crashed": True, "error": result.error}
+
+def _result_metrics(result: Any, device: str) -> dict[str, Any]:
+    """A finished trial's report fields (``TrialRow.from_metrics``)."""
     return {"score": float(result.score), "val_accuracy_raw": float(result.val_accuracy_raw),
             "diverged": bool(result.diverged), "crashed": False, "error": "", "steps": int(result.steps),
             "sampling_rate": float(result.sampling_rate), "noise_multiplier": float(result.noise_multiplier),
@@ -116,8 +116,8 @@ def dptune_group(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
                  transfer: Any = None) -> None:
     """A group of the sealed draw's trials (``tuning.grouping``) as one Ray trial: ``dpsgd.run_group`` trains them
     as one computation, each exactly as if it ran alone, and one final report carries each member's own row
-    (``trials``). A member whose own computation raised scores −∞ and the others go on; anything else that raises
-    fails the group as infrastructure (Ray retries it from its members' checkpoints)."""
+    (``trials``). A member whose own computation raised, or anything else that raises, fails the group as
+    infrastructure (Ray retries it from its members' checkpoints), as the trial alone would (module docstring)."""
     started = time.time()
     import torch
 
@@ -158,6 +158,9 @@ def _group_body(work: Path, members: list[int], started: float, *, data: Any, sl
                               charged_points=charged_points or None,
                               checkpoint_paths=[work / f"trial-{index}.pt" for index in members],
                               on_epoch=[on_epoch] * len(members))
+    for index, result in zip(members, results, strict=True):
+        if isinstance(result, dpsgd.TrialCrash):  # infrastructure, as the trial alone: never a −∞ result
+            raise TrialRaised(f"trial {index} of this group raised {result.error}")
     rows = [{"final": True, "started": started, "trial_index": index, "params": dict(slots[index]["params"]),
              "seed": str(slots[index]["seed"]), "node_id": _node_id(), "attempts": attempts,
              **_result_metrics(result, device)} for index, result in zip(members, results, strict=True)]
