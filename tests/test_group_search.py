@@ -171,12 +171,12 @@ def test_a_resume_keeps_the_first_sessions_grouping(tmp_path: Path, capsys: pyte
     run = RunDir(tmp_path / "run")
     run.sealed.mkdir(parents=True)
     run.write_state(groups=[[0, 2], [1]])
-    assert _stored_groups(run, RayOptions(group_trials=True)) == [[0, 2], [1]]
+    assert _stored_groups(run.read_state()["groups"], RayOptions(group_trials=True)) == [[0, 2], [1]]
     assert capsys.readouterr().out == ""
-    assert _stored_groups(run, RayOptions(group_trials=False)) == [[0, 2], [1]]
+    assert _stored_groups(run.read_state()["groups"], RayOptions(group_trials=False)) == [[0, 2], [1]]
     assert "started with --group-trials and resumes that way" in capsys.readouterr().out
     run.write_state(groups=None)
-    assert _stored_groups(run, RayOptions(group_trials=True)) is None
+    assert _stored_groups(run.read_state()["groups"], RayOptions(group_trials=True)) is None
     assert "started without --group-trials and resumes that way" in capsys.readouterr().out
 
 

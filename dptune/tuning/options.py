@@ -69,7 +69,7 @@ def check_gpus(opts: RayOptions) -> None:
     if opts.address:
         gpus_per_trial(opts.gpus_per_trial, 1.0)  # its form only
         return
-    if opts.gpus_per_trial == "auto" or (opts.num_gpus is None and gpus_per_trial(opts.gpus_per_trial, 1.0) == 0):
+    if opts.gpus_per_trial == "auto" or gpus_per_trial(opts.gpus_per_trial, 1.0) == 0:
         return  # nothing to count: auto asks for what there is, 0 for none (and torch stays unloaded until the data)
     have = opts.num_gpus
     if have is None:

@@ -221,8 +221,9 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     resources = {"cpu": opts.cpus_per_trial, "gpu": _gpus(opts)}
     fixed = {k: v for k, v in space.fixed.to_public_dict().items() if k not in space.space}
     adaptive = searcher(space.searcher).adaptive
-    decided = resume and "groups" in run.read_state()  # written before Tune saves anything
-    groups = _stored_groups(run, opts) if decided else None
+    state = run.read_state() if resume else {}
+    decided = "groups" in state  # written before Tune saves anything
+    groups = _stored_groups(state["groups"], opts) if decided else None
     if not decided:  # Tune's saved trials are groups or single trials: a resume must run the same layout
         if opts.group_trials and not adaptive and not opts.save_model:
             basis = sampling_basis if sampling_basis is not None else float(len(data.train[1]))
@@ -258,11 +259,11 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     return rows
 
 
-def _stored_groups(run: RunDir, opts: RayOptions) -> list[list[int]] | None:
-    """The grouping the search's first session chose (sealed state; None: one trial at a time). A resume runs
-    that layout whatever ``--group-trials`` and the resources say now: Tune's saved trials are its groups (a
-    different split of the draw would train a member twice or never), and the results are the same either way."""
-    stored = run.read_state()["groups"]
+def _stored_groups(stored: list[list[int]] | None, opts: RayOptions) -> list[list[int]] | None:
+    """The grouping the search's first session chose (``stored``, from the sealed state; None: one trial at a
+    time). A resume runs that layout whatever ``--group-trials`` and the resources say now: Tune's saved trials
+    are its groups (a different split of the draw would train a member twice or never), and the results are the
+    same either way."""
     groups = None if stored is None else [[int(i) for i in g] for g in stored]
     if (groups is not None) != opts.group_trials:
         print(f"  this search started {'with' if groups is not None else 'without'} --group-trials and resumes "
