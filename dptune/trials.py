@@ -56,11 +56,6 @@ class TrialRow:
                    seconds=m.get("seconds"), started=m.get("started"), node=str(m.get("node_id", "")),
                    attempts=max(int(m.get("attempts", 1)), attempts), checkpoint=checkpoint)
 
-    @classmethod
-    def crashed_row(cls, index: int, seed: int | str, params: dict[str, Any], error: str) -> TrialRow:
-        return cls(index=int(index), params=dict(params), seed=str(seed), score=-math.inf, crashed=True,
-                   error=error[:500])
-
 
 _SCHEMA = pa.schema([
     ("index", pa.int64()), ("params", pa.string()), ("seed", pa.string()), ("score", pa.float64()),
