@@ -12,6 +12,7 @@ Two measurements, each space with a fixed (NOT PRIVATE) bench draw seed:
   ``--group-trials``: wall time, and the released config, certificate charge and every sealed trial row compared.
 
     python -m bench.search_walltime [--seed 7] [--trainer-epochs 1] [--device cpu] [--no-search] [--smoke-test]
+                                    [--before REV]
 
 The machine is shared (2 cores, other engineers' jobs running): timings carry their load; the result file says
 the load average before and after.
@@ -77,12 +78,18 @@ def _trainer(space_path: str, seed: int, epochs: float, device: str) -> dict[str
     for i, c in enumerate(vmapped):
         by_key.setdefault(architecture_key(c), []).append(i)
     out["groups"] = len(by_key)
+    from dptune.dpsgd import guarded_clipping
+    from dptune.tuning.grouping import group_clipping
+
+    # (c) as the grouped search runs its members (auto stays the trial's own mode on a CPU, functorch on a GPU)
+    as_grouped = [group_clipping(c, lambda x: guarded_clipping(x, data.num_classes, data.input_shape), device)
+                  for c in configs]
     runs: dict[str, dict[int, Any]] = {}
-    for label, per_call in (("grouped", None), ("grouped_vmap_all", len(configs))):
+    for label, members_of, per_call in (("grouped", as_grouped, None), ("grouped_vmap_all", vmapped, len(configs))):
         runs[label] = {}  # None: run_group's default (one trial per call on a CPU); or every trial in one call
         t, c0 = time.perf_counter(), time.process_time()
         for members in by_key.values():
-            results = run_group([vmapped[i] for i in members], data, evaluate_test=True, return_model=True,
+            results = run_group([members_of[i] for i in members], data, evaluate_test=True, return_model=True,
                                 device=device, lanes_per_call=per_call)
             runs[label].update(zip(members, results, strict=True))
         out[f"{label}_s"], out[f"{label}_cpu"] = time.perf_counter() - t, time.process_time() - c0
@@ -91,9 +98,11 @@ def _trainer(space_path: str, seed: int, epochs: float, device: str) -> dict[str
         g = grouped[i]
         assert isinstance(g, TrialResult) and g.model_state is not None
         assert a.model_state is not None and b.model_state is not None
-        bitwise = all(torch.equal(x.model_state[k], b.model_state[k]) and x.score == b.score
-                      for x in (g, runs["grouped_vmap_all"][i]) for k in b.model_state)
-        diff = max(float((g.model_state[k] - a.model_state[k]).abs().max()) for k in a.model_state)
+        ref = b if as_grouped[i].clipping == "functorch" else a  # (c) runs (b)'s engine on a GPU, (a)'s on a CPU
+        bitwise = all(torch.equal(g.model_state[k], ref.model_state[k]) for k in ref.model_state) and (
+            g.score == ref.score) and all(torch.equal(runs["grouped_vmap_all"][i].model_state[k], b.model_state[k])
+                                          for k in b.model_state) and runs["grouped_vmap_all"][i].score == b.score
+        diff = max(float((b.model_state[k] - a.model_state[k]).abs().max()) for k in a.model_state)
         out["trials"].append({"batch_size": configs[i].batch_size, "epochs": configs[i].epochs,
                               "lr": round(configs[i].learning_rate, 4), "sigma": round(configs[i].noise_multiplier, 4),
                               "mode_alone": a.clipping_mode, "group_eq_vmap_alone": bitwise,
@@ -102,18 +111,22 @@ def _trainer(space_path: str, seed: int, epochs: float, device: str) -> dict[str
     return out
 
 
-def _search(space_path: str, seed: int, grouped: bool, work: Path, smoke: bool) -> dict[str, Any]:
-    name = f"{Path(space_path).stem}-{'grouped' if grouped else 'alone'}"
+def _search(space_path: str, seed: int, grouped: bool, work: Path, smoke: bool, source: Path | None = None
+            ) -> dict[str, Any]:
+    """``dptune search`` as a subprocess; ``source``: another checkout's dptune and space file (``--before``)."""
+    name = f"{Path(space_path).stem}-{'grouped' if grouped else 'alone'}{'-before' if source else ''}"
     home = work / "home"
     home.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "DPTUNE_TEST_DRAW_SEED"}
     env.update(HOME=str(home), PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
     args = [sys.executable, "-m", "dptune.search", "--space", space_path, "--name", name, "--runs-dir",
             str(work / "runs"), "--ledger", str(work / f"{name}.sqlite"), "--budget-epsilon", "10",
             "--num-cpus", "2", "--seed", str(seed), *(["--group-trials"] if grouped else []),
             *(["--smoke-test"] if smoke and _epochs_fixed(space_path) else [])]
     t = time.perf_counter()
-    r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=7200)
+    r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=source or ROOT, timeout=7200)
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{r.stdout}\n{r.stderr}")
@@ -126,6 +139,13 @@ def _search(space_path: str, seed: int, grouped: bool, work: Path, smoke: bool) 
             "best_config": (run / "release" / "best_config.yaml").read_text(),
             "charge": (cert["epsilon"], cert["delta"], json.dumps(cert["events"], sort_keys=True)),
             "scores": [x["score"] for x in rows], "raw": [x["val_accuracy_raw"] for x in rows]}
+
+
+def _worktree(rev: str, tmp: Path) -> Path:
+    """A checkout of ``rev`` (``git worktree``, detached) under ``tmp``; pruned with it."""
+    path = tmp / "before"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), rev], cwd=ROOT, check=True)
+    return path
 
 
 def _epochs_fixed(space_path: str) -> bool:
@@ -148,6 +168,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="the trainer measurement's device (cpu, cuda)")
     ap.add_argument("--no-search", action="store_true")
     ap.add_argument("--smoke-test", action="store_true", help="searches at 2 epochs per trial")
+    ap.add_argument("--before", metavar="REV", help="also run each search one at a time with this git revision's "
+                    "dptune and space file (a worktree in a temporary folder): before vs after, same draws")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_walltime.md"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -159,7 +181,9 @@ def main() -> None:
             print(json.dumps(result["trainer"][-1], indent=1, default=str), flush=True)
     if not args.no_search:
         with tempfile.TemporaryDirectory(prefix="dptune-walltime-") as tmp:
+            source = _worktree(args.before, Path(tmp)) if args.before else None  # pruned below
             for s in args.spaces:
+                before = _search(s, args.seed, False, Path(tmp), args.smoke_test, source) if source else None
                 alone = _search(s, args.seed, False, Path(tmp), args.smoke_test)
                 grouped = _search(s, args.seed, True, Path(tmp), args.smoke_test)
                 entry = {"space": s, "k": alone["k"], "alone_s": alone["wall_s"], "grouped_s": grouped["wall_s"],
@@ -170,9 +194,16 @@ def main() -> None:
                          "scores_alone": alone["scores"], "scores_grouped": grouped["scores"],
                          "raw_alone": alone["raw"], "raw_grouped": grouped["raw"],
                          "best_config_alone": alone["best_config"], "best_config_grouped": grouped["best_config"]}
+                if before is not None:
+                    entry.update(before_rev=args.before, before_s=before["wall_s"], k_before=before["k"],
+                                 before_same_best_config=before["best_config"] == alone["best_config"],
+                                 before_same_charge=before["charge"] == alone["charge"],
+                                 scores_before=before["scores"], raw_before=before["raw"])
                 result["search"].append(entry)
                 print(json.dumps(entry, indent=1, default=str), flush=True)
                 Path(args.out).with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
+        if args.before:
+            subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
     result["load_after"] = _load()
     out = Path(args.out)
     out.write_text(_markdown(result))
@@ -198,9 +229,10 @@ def _markdown(r: dict[str, Any]) -> str:
                          f"{t['alone_s'] / t['grouped_s']:.2f}x "
                          f"({t['alone_cpu'] / t['grouped_cpu']:.2f}x) | {t['alone_vmap_s'] / t['grouped_s']:.2f}x "
                          f"({t['alone_vmap_cpu'] / t['grouped_cpu']:.2f}x) |")
-        lines += ["", "Per trial: (c) = (d) = (b) bitwise (parameters and score); against "
-                  "one at a time with `auto` (its engine in `mode`): max parameter difference and test accuracy.", "",
-                  "| space | B | epochs | lr | σ | mode | (c) = (d) = (b) | max param diff (c) vs (a) | test alone | "
+        lines += ["", "Per trial: (c) equals the one-at-a-time run whose engine it runs ((a) on a CPU, (b) on a GPU) and "
+                  "(d) = (b), bitwise (parameters and score); (b) against (a) (`auto`, its engine in `mode`): max "
+                  "parameter difference and test accuracy.", "",
+                  "| space | B | epochs | lr | σ | mode | (c), (d) bitwise | max param diff (b) vs (a) | test alone | "
                   "test grouped |", "|---|---|---|---|---|---|---|---|---|---|"]
         for t in r["trainer"]:
             for x in t["trials"]:
@@ -219,6 +251,21 @@ def _markdown(r: dict[str, Any]) -> str:
         for e in r["search"]:
             lines += ["", f"{e['space']}: sealed scores one at a time {e['scores_alone']}, grouped "
                       f"{e['scores_grouped']}; raw validation accuracy {e['raw_alone']} vs {e['raw_grouped']}."]
+        if any("before_s" in e for e in r["search"]):
+            lines += ["", "## Before vs after: the same searches one at a time with `--before`'s dptune", "",
+                      "| space | before rev | K before / after | before (s) | after, one at a time (s) | after, grouped (s) | "
+                      "speedup one at a time | speedup grouped | same released config | same charge |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+            for e in r["search"]:
+                if "before_s" in e:
+                    lines.append(f"| {e['space']} | {e['before_rev']} | {e['k_before']} / {e['k']} | "
+                                 f"{e['before_s']:.1f} | {e['alone_s']:.1f} | {e['grouped_s']:.1f} | "
+                                 f"{e['before_s'] / e['alone_s']:.2f}x | {e['before_s'] / e['grouped_s']:.2f}x | "
+                                 f"{e['before_same_best_config']} | {e['before_same_charge']} |")
+            for e in r["search"]:
+                if "before_s" in e:
+                    lines += ["", f"{e['space']}: sealed scores before {e['scores_before']}, after "
+                              f"{e['scores_alone']}; raw validation accuracy {e['raw_before']} vs {e['raw_alone']}."]
     return "\n".join(lines) + "\n"
 
 

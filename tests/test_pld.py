@@ -325,7 +325,9 @@ def test_the_vectorised_subsampled_gaussian_is_dp_accountings_distribution_byte_
     rng = np.random.default_rng(7)
     grid = [(0.3, 0.95), (80.0, 1e-4), (1.0, 0.5)] + [
         (float(np.exp(rng.uniform(math.log(0.3), math.log(80)))), float(np.exp(rng.uniform(math.log(1e-4), math.log(0.95)))))
-        for _ in range(12 if vdi == 1e-3 else 3)]
+        for _ in range(12)]
+    if vdi < 1e-3:  # dp_accounting's own interval: ten times the points (and its scalar loop ten times slower)
+        grid = [(1.0, 0.01), (4.0, 0.2)]
     for sigma, q in grid:
         ours = subsampled_gaussian_pld(standard_deviation=sigma, sampling_prob=q, value_discretization_interval=vdi)
         theirs = pldlib.from_gaussian_mechanism(standard_deviation=sigma, sampling_prob=q,

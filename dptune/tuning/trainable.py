@@ -148,7 +148,8 @@ def _group_body(work: Path, members: list[int], started: float, *, data: Any, sl
         cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slots[index]["seed"])})
         if transfer is not None:
             cfg = transfer.trial_config(cfg)
-        configs.append(group_clipping(cfg, lambda c: dpsgd.guarded_clipping(c, data.num_classes, data.input_shape)))
+        configs.append(group_clipping(cfg, lambda c: dpsgd.guarded_clipping(c, data.num_classes, data.input_shape),
+                                      device))
 
     def on_epoch(epoch: int, metrics: dict[str, Any]) -> None:
         if checkpoint_every and epoch % checkpoint_every == 0:  # every member's checkpoint, no score
