@@ -121,12 +121,13 @@ def _search(space_path: str, seed: int, grouped: bool, work: Path, smoke: bool, 
     env.update(HOME=str(home), PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
     if source is not None:
         env["PYTHONPATH"] = str(source)
-    args = [sys.executable, "-m", "dptune.search", "--space", space_path, "--name", name, "--runs-dir",
+    space_arg = str(source / space_path) if source is not None else space_path  # relative paths inside: from ROOT
+    args = [sys.executable, "-m", "dptune.search", "--space", space_arg, "--name", name, "--runs-dir",
             str(work / "runs"), "--ledger", str(work / f"{name}.sqlite"), "--budget-epsilon", "10",
             "--num-cpus", "2", "--seed", str(seed), *(["--group-trials"] if grouped else []),
             *(["--smoke-test"] if smoke and _epochs_fixed(space_path) else [])]
     t = time.perf_counter()
-    r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=source or ROOT, timeout=7200)
+    r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=7200)
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{r.stdout}\n{r.stderr}")
