@@ -35,11 +35,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
-# The unit tests a developer runs often: no Ray, no DP-SGD training or clipping probe, no PostgreSQL server (markers
-# set in tests/conftest.py); CI runs
-# them inside make test, with the rest.
+# The unit tests a developer runs often, on every core (pytest-xdist): in-process only (no subprocess, Ray, DP-SGD
+# training or clipping probe, PostgreSQL server; markers set in tests/conftest.py). CI runs them inside make test,
+# with the rest.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not integration and not gpu and not ray and not train and not db"
+	$(BIN)/python -m pytest -q -n auto --dist worksteal -m "not slow and not integration and not gpu and not ray and not train and not db and not subprocess"
 
 # What the default suite leaves out for its length (CI runs it after make test): Ray fault injection (slow) and
 # whole commands, examples, notebooks and benches run end to end (integration).

@@ -75,7 +75,7 @@ def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int],
 def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool
                 ) -> tuple[dict[str, float], list[int], int]:
     cfg = TrialConfig(model=model_name, batch_size=batch, clipping="hooks", noise_multiplier=1.0,
-                      groups=16 if model_name != "gn_cnn" else 4)
+                      groups=16 if model_name == "resnet9" else 4)
     chunk = cfg.physical_batch_size
     data = _fake_splits(shape, n=batch)
     gen = torch.Generator().manual_seed(0)
@@ -140,7 +140,8 @@ def peak_rss_child() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
-    ap.add_argument("--reps", type=int, default=0, help="repetitions per model (0: 30 for gn_cnn, 8 for resnet9)")
+    ap.add_argument("--reps", type=int, default=0,
+                    help="repetitions per model (0: 30 for gn_cnn, 12 for tanh_cnn, 8 for resnet9)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--exact-batch", action="store_true", help="the engine alone on exactly B rows")
     ap.add_argument("--no-memory", action="store_true", help="skip the ResNet-9 peak-RSS measurement")
@@ -154,6 +155,7 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     cases = [("gn_cnn", (1, 8, 8), 256, 5 if args.quick else (args.reps or 30)),
+             ("tanh_cnn", (1, 28, 28), 256, 3 if args.quick else (args.reps or 12)),  # the MNIST spaces' model
              ("resnet9", (3, 32, 32), 32, 2 if args.quick else (args.reps or 8))]
     what = "engine on exactly B rows" if args.exact_batch else "trial step: Poisson batch, physical chunks, padding, noise"
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; DP step = {what}; "

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -155,7 +156,8 @@ def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
-# Markers from what a test uses (make test-fast = -m "not slow and not integration and not gpu and not ray and not train and not db";
+# Markers from what a test uses (make test-fast = -m "not slow and not integration and not gpu and not ray and not train and not db
+# and not subprocess";
 # slow and integration are set by hand, tests/test_markers.py checks the commands leave nothing out): a CLI
 # subprocess environment (isolated HOME for Ray's token) means Ray; the real digits data means a DP-SGD run.
 _RAY_FIXTURES = frozenset({"isolated_env"})
@@ -167,6 +169,9 @@ _TRAIN_CALLS = ("run_trial(", "run_final(", "dptune.train", "run_group(", "valid
                 "guarded_clipping(", "train_main(")
 # a real PostgreSQL server (tests/pg.py starts one per session: initdb, pg_ctl)
 _DB_FIXTURES = frozenset({"pg", "pg_url"})
+# a fresh interpreter (a subprocess or a spawned process: seconds of imports each), directly or through a module's
+# helper
+_SUBPROCESS_CALLS = ("subprocess.", "sys.executable", "run_cli(", "get_context(\"spawn\")")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -177,9 +182,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.ray)
         if names & _TRAIN_FIXTURES or any(s in source for s in _TRAIN_CALLS):
             item.add_marker(pytest.mark.train)
+        if any(s in source for s in _SUBPROCESS_CALLS + _spawning_helpers(getattr(item, "module", None))):
+            item.add_marker(pytest.mark.subprocess)
         callspec = getattr(item, "callspec", None)
         if names & _DB_FIXTURES or (callspec is not None and callspec.params.get("ledger_at") == "postgresql"):
             item.add_marker(pytest.mark.db)
+
+
+@functools.cache
+def _spawning_helpers(module: Any) -> tuple[str, ...]:
+    """Calls (``name(``) of the module's own functions that start a subprocess."""
+    import inspect
+
+    out = []
+    for name, obj in vars(module or object()).items():
+        if inspect.isfunction(obj) and obj.__module__ == getattr(module, "__name__", None):
+            try:
+                src = inspect.getsource(obj)
+            except (OSError, TypeError):
+                continue
+            if any(s in src for s in _SUBPROCESS_CALLS):
+                out.append(f"{name}(")
+    return tuple(out)
 
 
 def _source(item: pytest.Item) -> str:

@@ -327,7 +327,7 @@ def test_the_vectorised_subsampled_gaussian_is_dp_accountings_distribution_byte_
         (float(np.exp(rng.uniform(math.log(0.3), math.log(80)))), float(np.exp(rng.uniform(math.log(1e-4), math.log(0.95)))))
         for _ in range(12)]
     if vdi < 1e-3:  # dp_accounting's own interval: ten times the points (and its scalar loop ten times slower)
-        grid = [(1.0, 0.01), (4.0, 0.2)]
+        grid = [(1.0, 0.01)]
     for sigma, q in grid:
         ours = subsampled_gaussian_pld(standard_deviation=sigma, sampling_prob=q, value_discretization_interval=vdi)
         theirs = pldlib.from_gaussian_mechanism(standard_deviation=sigma, sampling_prob=q,
@@ -351,9 +351,9 @@ def test_self_composition_is_dp_accountings_byte_for_byte() -> None:
                 for side in sides for k, v in sorted(vars(getattr(p, side)).items())]
 
     ones = [subsampled_gaussian_pld(standard_deviation=s, sampling_prob=q) for s, q in
-            [(0.6, 0.02), (1.1, 0.004), (3.0, 0.25), (12.0, 0.9), (40.0, 0.001)]]
+            [(0.6, 0.02), (3.0, 0.25), (40.0, 0.001)]]
     ones += [pldlib.from_gaussian_mechanism(standard_deviation=2.0, value_discretization_interval=1e-3),
              noisy_max_pld(gumbel_scale=4.0)]
-    for one in ones:
-        for count in (2, 37, 1407, 20000):
+    for i, one in enumerate(ones):
+        for count in (2, 1407) if i else (2, 1407, 20000):
             assert fields(self_compose(one, count)) == fields(one.self_compose(count)), count
