@@ -49,6 +49,26 @@ def test_group_trials_equal_one_at_a_time_bitwise(digits: Splits) -> None:
             _same(got, run_trial(config, digits, return_model=True))
 
 
+def test_a_grouped_trial_on_a_cpu_runs_the_engine_it_runs_alone(digits: Splits) -> None:
+    """``clipping: auto`` in a group: on a CPU each member keeps the mode its trial alone runs (book-keeping for the
+    shipped CNNs) and equals that trial bit for bit; on an accelerator the group's engine is whole-model vmap."""
+    from dptune.dpsgd import guarded_clipping
+    from dptune.tuning.grouping import group_clipping
+
+    auto = [c.replace(model="gn_cnn", clipping="auto", physical_batch_size=64, epochs=0.25) for c in TRIALS[:2]]
+
+    def guard(c: TrialConfig) -> Any:
+        return guarded_clipping(c, digits.num_classes, digits.input_shape)
+
+    assert [group_clipping(c, guard, "cpu") for c in auto] == auto
+    assert {group_clipping(c, guard, "cuda").clipping for c in auto} == {"functorch"}
+    group = run_group([group_clipping(c, guard, "cpu") for c in auto], digits, return_model=True)
+    for config, got in zip(auto, group, strict=True):
+        alone = run_trial(config, digits, return_model=True)
+        assert alone.clipping_mode == "bookkeeping"
+        _same(got, alone)
+
+
 def test_trial_result_does_not_depend_on_its_group(digits: Splits) -> None:
     """GN-CNN, where the group's batched-parameter convolution sums in another order than the engine alone: a
     trial's numbers are still the same in a group of one and a group of three (its company, and so K, cannot show),
