@@ -323,7 +323,7 @@ def test_the_vectorised_subsampled_gaussian_is_dp_accountings_distribution_byte_
         return out
 
     rng = np.random.default_rng(7)
-    grid = [(0.3, 0.95), (80.0, 1e-4), (1.0, 0.5)] + [
+    grid = [(0.3, 0.95), (80.0, 1e-4), (1.0, 0.5), (0.8, 1.0), (25.0, 1.0)] + [
         (float(np.exp(rng.uniform(math.log(0.3), math.log(80)))), float(np.exp(rng.uniform(math.log(1e-4), math.log(0.95)))))
         for _ in range(12)]
     if vdi < 1e-3:  # dp_accounting's own interval: ten times the points (and its scalar loop ten times slower)
@@ -357,3 +357,41 @@ def test_self_composition_is_dp_accountings_byte_for_byte() -> None:
     for i, one in enumerate(ones):
         for count in (2, 1407) if i else (2, 1407, 20000):
             assert fields(self_compose(one, count)) == fields(one.self_compose(count)), count
+
+
+def test_fftconvolve_is_scipys_byte_for_byte() -> None:
+    """dp_accounting's convolutions and dptune's profile and mixed bounds use ``_pld.fftconvolve`` (SciPy's steps without
+    importing scipy.signal): the same bytes as ``scipy.signal.fftconvolve`` in every mode, for lengths 1 to 5,000."""
+    from scipy import signal
+
+    from dptune.accounting._pldlib import fftconvolve
+
+    rng = np.random.default_rng(3)
+    for n1, n2 in [(1, 1), (1, 7), (7, 1), (2, 3), (1000, 1000), (4097, 311), (311, 4097), (5000, 64)]:
+        a, b = rng.random(n1), rng.random(n2) * 1e-3
+        for mode in ("full", "same", "valid"):
+            ours, theirs = fftconvolve(a, b, mode=mode), signal.fftconvolve(a, b, mode=mode)
+            assert ours.shape == theirs.shape and ours.tobytes() == theirs.tobytes(), (n1, n2, mode)
+
+
+def test_a_plan_imports_neither_scipy_signal_nor_scipy_stats(tmp_path: Path) -> None:
+    """dp_accounting's PLD modules import scipy.signal (for fftconvolve) and scipy.stats (for norm): ≈ 1 s of a plan.
+    ``pld_module`` gives them stand-ins while they import; a whole PLD-calibrated, profile-bounded plan of the MNIST
+    space in one fresh interpreter then loads neither, and prints what it printed with them."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    code = ("import sys, contextlib, io\n"
+            "from dptune.cli import plan\n"
+            "sys.argv = ['plan', '--space', 'search_spaces/mnist.yaml', '--n-train', '8000']\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    try:\n        plan.main()\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "assert 'dp_accounting.pld.privacy_loss_distribution' in sys.modules\n"
+            "print(sorted(m for m in ('scipy.signal', 'scipy.stats') if m in sys.modules))\n"
+            "import scipy.signal, scipy.stats\n"  # the real modules, loadable afterwards
+            "assert type(scipy.signal).__name__ == 'module' and hasattr(scipy.stats, 'norm')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"

@@ -33,6 +33,7 @@ from dp_accounting import dp_event as de
 from dptune.accounting._convert import ORDERS, rdp_to_delta, rdp_to_epsilon
 from dptune.accounting._events import NoisyMaxDpEvent
 from dptune.accounting._pld import VALUE_DISCRETIZATION_INTERVAL, has_pld, pld_module, pld_of
+from dptune.accounting._pldlib import fftconvolve
 from dptune.accounting._profile import has_profile, search_profile_delta_grid
 from dptune.accounting._rdp import rdp_of
 
@@ -128,7 +129,6 @@ def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float, *, search: de.DpEve
     (dp_accounting, interval 1e-3): the bound of the module docstring, ε rounded up to the grid. ``search``: the
     RDP part is this one random-stopping search, whose privacy-profile bound (``_profile``) is used where smaller."""
     # imported here, not at import: dp_accounting's PLD needs it anyway, a planner start does not
-    from scipy import signal
 
     worst = 0
     step = VALUE_DISCRETIZATION_INTERVAL
@@ -146,7 +146,7 @@ def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float, *, search: de.DpEve
             x0 = -(first + len(p) - 1)
             g = _rdp_profile(rdp, np.arange(x0, top - first + 1), search)
             # all j at once: the correlation of g with p (FFT), then checked exactly by dot products below
-            approx = signal.fftconvolve(g, p[::-1], mode="valid") + fixed  # [top + 1]
+            approx = fftconvolve(g, p[::-1], mode="valid") + fixed  # [top + 1]
 
             def total(j: int, g: np.ndarray = g, p: np.ndarray = p, fixed: float = fixed) -> float:
                 return float(np.dot(p, g[j:j + len(p)])) + fixed  # x0 = −(first + len − 1): g index j + k

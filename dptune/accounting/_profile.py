@@ -72,6 +72,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting._events import WorstCaseDpEvent, event_from_json, event_to_json
 from dptune.accounting._pld import has_pld, pld_of
+from dptune.accounting._pldlib import fftconvolve
 from dptune.accounting._stopping import tnb_gamma
 
 __all__ = ["has_profile", "pgf_derivative", "profile_delta", "profile_epsilon", "search_profile_delta",
@@ -343,7 +344,6 @@ def search_profile_epsilon(event: de.DpEvent, delta: float) -> float:
 def _delta_grid_cached(key: str, step: float, size: int) -> np.ndarray:
     event = event_from_json(json.loads(key))
     assert isinstance(event, de.RepeatAndSelectDpEvent)
-    from scipy import signal  # loaded by dp_accounting's PLD anyway
 
     search = _search(event)
     k = np.arange(size)
@@ -360,7 +360,7 @@ def _delta_grid_cached(key: str, step: float, size: int) -> np.ndarray:
             j = np.searchsorted(breaks, u, side="right") - 1
             g = np.maximum(c[j] * u - d[j], 0.0)
             # S[k] = Σ_loss b·g(e^{loss − k·step}): one correlation (FFT), plus a bound on its rounding error
-            s = signal.fftconvolve(g, b[::-1], mode="valid")[::-1]
+            s = fftconvolve(g, b[::-1], mode="valid")[::-1]
             margin = 1e-13 * math.sqrt(float(np.dot(g, g)) * float(np.dot(b, b))) * max(1.0, math.log2(len(g)))
             worst = np.maximum(worst, np.exp(k * step) * (np.maximum(s, 0.0) + margin) + search.tail * p.a_inf)
     out = np.minimum(worst, 1.0)
