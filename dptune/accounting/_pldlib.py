@@ -290,9 +290,8 @@ def _dense_self_compose(pmf: Any, num_times: int) -> Any:
     upper_bound = (len(probs_in) - 1) * num_times
     lower_bound = 0
     orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / len(probs_in)
-    support = np.arange(len(probs_in))
-    for order in orders:
-        log_mgf_value = _logsumexp(support * order, probs_in)
+    log_mgfs = _logsumexp(np.arange(len(probs_in))[None, :] * orders[:, None], probs_in)  # one row per order
+    for order, log_mgf_value in zip(orders, log_mgfs, strict=True):
         bound = (num_times * log_mgf_value + math.log(2 / tail)) / order
         if not math.isfinite(bound):
             continue
@@ -312,20 +311,22 @@ def _dense_self_compose(pmf: Any, num_times: int) -> Any:
 
 
 def _logsumexp(a: Any, b: Any) -> Any:
-    """``scipy.special.logsumexp(a, b=b)`` for 1-D float64 arrays of one non-zero length (SciPy 1.17's
-    ``logsumexp`` and ``_logsumexp``, real input, no sign returned), without the array-API layer."""
+    """``scipy.special.logsumexp(row, b=b)`` for each row of the 2-D float64 array ``a`` (``b`` 1-D, the rows' length,
+    not empty): SciPy 1.17's ``logsumexp`` and ``_logsumexp`` for real input without a sign, without the array-API
+    layer, every step along the rows (NumPy reduces each contiguous row as it reduces a 1-D array: the same floats,
+    ``tests/test_pld.py``)."""
     import numpy as np
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        out_inf = np.log(np.sum(b * np.exp(a), axis=(0,), keepdims=True))
+        out_inf = np.log(np.sum(b * np.exp(a), axis=1, keepdims=True))
         a = np.array(a, copy=True)
-        a[b == 0] = -np.inf
-        a_max = np.max(a, axis=(0,), keepdims=True)
+        a[np.broadcast_to(b == 0, a.shape)] = -np.inf
+        a_max = np.max(a, axis=1, keepdims=True)
         mask = a == a_max
         a[mask] = -np.inf
-        m = np.sum(b * mask.astype(a.dtype), axis=(0,), keepdims=True, dtype=a.dtype)
+        m = np.sum(b * mask.astype(a.dtype), axis=1, keepdims=True, dtype=a.dtype)
         exp = b * np.exp(a - a_max)
-        s = np.sum(exp, axis=(0,), keepdims=True, dtype=exp.dtype)
+        s = np.sum(exp, axis=1, keepdims=True, dtype=exp.dtype)
         s = np.where(s == 0, s, s / m)
         sgn = np.sign(s + 1) * np.sign(m)
         s = np.where(s < -1, -s - 2, s)
@@ -333,4 +334,4 @@ def _logsumexp(a: Any, b: Any) -> Any:
         out = np.log1p(s) + np.log(m) + a_max
         out[sgn < 0] = np.nan
     out = np.where(np.isfinite(out), out, out_inf)
-    return out[0]
+    return out[:, 0]
