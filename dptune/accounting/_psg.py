@@ -115,11 +115,12 @@ def _log_a_frac(q: float, sigma: float, alphas: list[float]) -> list[float]:
                 log_a0 = hi if lo == ninf else log1p(exp(lo - hi)) + hi
                 lo, hi = (log_s1, log_a1) if log_s1 < log_a1 else (log_a1, log_s1 if log_s1 > log_a1 else log_a1)
                 log_a1 = hi if lo == ninf else log1p(exp(lo - hi)) + hi
-                lo, hi = (log_a1, log_a0) if log_a1 < log_a0 else (log_a0, log_a1 if log_a1 > log_a0 else log_a0)
-                total = hi if lo == ninf else log1p(exp(lo - hi)) + hi
-                if log_s0 < last_s0 and log_s1 < last_s1 and max(log_s0, log_s1) < total - 30:
-                    done[k] = total
-                    break
+                if log_s0 < last_s0 and log_s1 < last_s1:  # the total only matters to the stopping test
+                    lo, hi = (log_a1, log_a0) if log_a1 < log_a0 else (log_a0, log_a1 if log_a1 > log_a0 else log_a0)
+                    total = hi if lo == ninf else log1p(exp(lo - hi)) + hi
+                    if max(log_s0, log_s1) < total - 30:
+                        done[k] = total
+                        break
                 last_s0, last_s1 = log_s0, log_s1
             state[k] = [log_a0, log_a1, last_s0, last_s1]
     return [np.inf if d is None else d for d in done]
