@@ -128,8 +128,6 @@ def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float, *, search: de.DpEve
     """ε at ``delta`` of a mechanism with RDP curve ``rdp`` (at ``ORDERS``) composed with one with PLD ``pld``
     (dp_accounting, interval 1e-3): the bound of the module docstring, ε rounded up to the grid. ``search``: the
     RDP part is this one random-stopping search, whose privacy-profile bound (``_profile``) is used where smaller."""
-    # imported here, not at import: dp_accounting's PLD needs it anyway, a planner start does not
-
     worst = 0
     step = VALUE_DISCRETIZATION_INTERVAL
     for pmf in (pld._pmf_remove, pld._pmf_add):  # noqa: SLF001 - the loss distributions of both directions

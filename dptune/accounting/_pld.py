@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["VALUE_DISCRETIZATION_INTERVAL", "has_pld", "noisy_max_pld", "pld_epsilon", "pld_module", "pld_of",
            "self_compose", "subsampled_gaussian_pld"]
 
+
 def has_pld(event: de.DpEvent) -> bool:
     """Whether :func:`pld_of` can represent ``event`` (a cheap walk of the tree, no PLD is built)."""
     if isinstance(event, de.NoOpDpEvent):

@@ -39,13 +39,16 @@ def pld_module() -> types.ModuleType:
     :func:`fftconvolve` (SciPy's computation, the same floats), and any other attribute loads the real module then."""
     if "dp_accounting.pld.privacy_loss_distribution" not in sys.modules:
         saved = {name: sys.modules.get(name) for name in _LAZY}
-        sys.modules.update({name: _Lazy(name, own) for name, own in _LAZY.items()})
+        stand_ins = {name: _Lazy(name, own) for name, own in _LAZY.items()}
+        sys.modules.update(stand_ins)
         try:
             from dp_accounting.pld import privacy_loss_distribution  # noqa: F401
         finally:
             for name, module in saved.items():
+                if sys.modules.get(name) is not stand_ins[name]:
+                    continue  # the real module, loaded meanwhile by a stand-in's other attribute: it stays
                 if module is None:
-                    sys.modules.pop(name, None)
+                    del sys.modules[name]
                 else:
                     sys.modules[name] = module
     return sys.modules["dp_accounting.pld.privacy_loss_distribution"]
@@ -63,14 +66,9 @@ class _Lazy(types.ModuleType):
 
         if attr.startswith("__"):
             raise AttributeError(attr)
-        stand_in = sys.modules.get(self.__name__)
-        if stand_in is self:
+        if sys.modules.get(self.__name__) is self:  # still standing in (dp_accounting importing): make way
             del sys.modules[self.__name__]
-        try:
-            return getattr(importlib.import_module(self.__name__), attr)
-        finally:
-            if stand_in is self and self.__name__ not in sys.modules:
-                sys.modules[self.__name__] = self
+        return getattr(importlib.import_module(self.__name__), attr)
 
 
 def fftconvolve(in1: Any, in2: Any, mode: str = "full") -> Any:
@@ -192,7 +190,6 @@ def _vector_loss_class() -> type:
     import numpy as np
     from dp_accounting.pld import privacy_loss_mechanism as plm
 
-    isclose = _isclose
     class _VectorGaussianLoss(plm.GaussianPrivacyLoss):
         def __init__(self, standard_deviation: float, sensitivity: float = 1, pessimistic_estimate: bool = True,
                      log_mass_truncation_bound: float = -50, sampling_prob: float = 1.0,
@@ -216,7 +213,7 @@ def _vector_loss_class() -> type:
             a, c = 1 / q, 1 - 1 / q
             remove = self.adjacency_type == plm.AdjacencyType.REMOVE
             edge = math.log(1 - q) if remove else -math.log(1 - q)
-            at_edge = isclose(eps, edge)
+            at_edge = _isclose(eps, edge)
             beyond = (eps <= edge) if remove else (eps > edge)
             if np.any(beyond & ~at_edge):
                 raise ValueError(f"privacy loss beyond {edge} for sampling probability {q}")

@@ -344,7 +344,6 @@ def search_profile_epsilon(event: de.DpEvent, delta: float) -> float:
 def _delta_grid_cached(key: str, step: float, size: int) -> np.ndarray:
     event = event_from_json(json.loads(key))
     assert isinstance(event, de.RepeatAndSelectDpEvent)
-
     search = _search(event)
     k = np.arange(size)
     worst = np.zeros(size)

@@ -53,7 +53,7 @@ def _cost(config: TrialConfig, basis: float) -> float:
     return float(trial_steps(epochs=config.epochs, batch_size=config.batch_size, basis=basis) * chunks)
 
 
-def group_clipping(config: TrialConfig, guarded: Callable[[TrialConfig], Any], device: str = "cuda") -> TrialConfig:
+def group_clipping(config: TrialConfig, guarded: Callable[[TrialConfig], Any], device: str) -> TrialConfig:
     """``config`` as a grouped trial runs it on ``device``: on an accelerator ``auto`` becomes ``functorch`` when
     ``guarded`` (the clipping guard for a config: ``dpsgd.guarded_clipping`` with the data's public shape) proves it
     exact; otherwise, and on a CPU, unchanged (each member then runs its own engine, as it would alone)."""
