@@ -9,6 +9,9 @@
 #   pack    trials per GPU-hour, one trial per GPU (--gpus-per-trial 1) against four packed on it (0.25), side by
 #           side, for the MNIST space and the CIFAR-10 ResNet-9 space (synthetic CIFAR-format data): bench/gpu_pack.py
 #           (issue 44; under 6 minutes; $OUT/gpu_pack.json)
+#   group   vectorised trials on the GPU: G trials of one architecture as one computation (dpsgd.run_group) against
+#           the same trials one at a time, and whether a trial's numbers depend on its company at the real chunk
+#           shapes (bench/gpu_group.py; $OUT/gpu_group.json)
 # nvidia-smi logs which processes hold the GPU while the searches run. Results under $OUT
 # (bench/results/gpu_check.md says what was seen).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -46,6 +49,9 @@ for stage in $STAGES; do
            timeout 330 python3 bench/gpu_pack.py --mnist .gpu --num-cpus 16 --out "$OUT/gpu_pack.json" \
              > "$OUT/gpu_pack.log" 2>&1
            echo "pack rc=$? ${SECONDS}s"; grep -E "^=== |^space |^(mnist|cifar10_resnet9)|Error|error:" "$OUT/gpu_pack.log" | tail -20 ;;
+    group) SECONDS=0
+           timeout 300 python3 bench/gpu_group.py --mnist .gpu --out "$OUT/gpu_group.json" > "$OUT/gpu_group.log" 2>&1
+           echo "group rc=$? ${SECONDS}s"; grep -v -i warn "$OUT/gpu_group.log" | tail -30 ;;
     digits) SECONDS=0
            timeout 200 python3 -m dptune.search --space search_spaces/digits.yaml --ledger runs/ledger.sqlite \
              --budget-epsilon 30 --name gpu --num-cpus 8 > "$OUT/search.log" 2>&1

@@ -84,6 +84,39 @@ def test_trial_result_does_not_depend_on_its_group(digits: Splits) -> None:
     assert 0 < worst < 1e-4  # not bitwise here, and not far
 
 
+def _rgb16(digits: Splits, n: int) -> Splits:
+    """The first ``n`` examples of each digits split as 3 x 16 x 16 images (ResNet-9's input: 3 channels)."""
+    import torch.nn.functional as F
+
+    def pair(p: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = F.interpolate(p[0][:n], size=(16, 16), mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
+        return x.contiguous(), p[1][:n]
+
+    return Splits(train=pair(digits.train), val=pair(digits.val), test=pair(digits.test),
+                  num_classes=digits.num_classes, input_shape=(3, 16, 16))
+
+
+def test_a_trial_does_not_show_how_many_share_its_calls(digits: Splits) -> None:
+    """ResNet-9, whose batched kernels sum in another order when a call's lane count changes (on a CPU at 32 rows,
+    not at the 4 rows the guard used to probe): a trial in a group of one and in a group of two is the same bit for
+    bit, since every call is ``lanes_per_call`` wide whatever the group. Before, a call was as wide as its group:
+    the trial's parameters moved with the number of trials beside it, and so with K."""
+    from dptune.dpsgd._group import call_sizes
+
+    data = _rgb16(digits, 128)
+    res = [BASE.replace(model="resnet9", groups=8, batch_size=32, physical_batch_size=32, epochs=1.0,
+                        learning_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0, seed=2**100 + 40 + i)
+           for i in range(2)]
+    assert call_sizes([prepare(c, data, torch.device("cpu")) for c in res]) == [1, 2, 4, 8, 16, 32]  # the guard's
+    alone = run_group(res[:1], data, return_model=True, lanes_per_call=2)[0]
+    together = run_group(res, data, return_model=True, lanes_per_call=2)
+    _same(alone, together[0])
+    assert all(isinstance(r, TrialResult) and r.steps > 0 for r in together)
+    own = run_trial(res[0], data, return_model=True)  # control: the group's calls really ran (their rounding)
+    assert isinstance(alone, TrialResult) and alone.model_state is not None and own.model_state is not None
+    assert any(not torch.equal(alone.model_state[k], own.model_state[k]) for k in own.model_state)
+
+
 def test_each_trial_runs_its_own_charge(digits: Splits) -> None:
     """Measured per trial inside one group: noise additions == steps == T, noise std σ·C (each its own σ and C),
     the realised mean Poisson batch q·n at its own q (binomial 99.9 % interval)."""

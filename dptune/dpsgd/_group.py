@@ -15,21 +15,27 @@ the group then shares the process, the data, the guard's probes and the Ray tria
 Why a trial's numbers are its own. Each vmap lane computes one example's gradient under one trial's parameters;
 nothing in it sees another lane (no batch statistic, no random draw: ``randomness="error"``). The lanes' results are
 handed to each trial's own engine (``p.grad_sample`` of its parameters, its real examples only), whose own optimizer
-clips, sums, noises and steps exactly as in ``run_trial``. Measured (``isolation``, tests/test_group.py): a lane's
-per-example gradients are bitwise the same whatever the group's size, the trial's lane and the chunk's padded size,
-so a trial's result never depends on which other trials share its group (nothing about K or their configs gets
-into it), and every trial of a grouped search runs this one function (a group of one included) where calls take
-several trials, or its own engine where they take one (a CPU). Against the trial
-alone (``run_trial`` with ``clipping: functorch``): bitwise where the batched-parameter kernels are the
-per-example engine's (the MLP and the MNIST tanh CNN: the same parameters, score and measurements); within float32
-rounding elsewhere (a 3x3 convolution with padding becomes a grouped convolution with another summation order:
-GN-CNN, ~1e-7 per gradient coordinate), which ``isolation`` bounds at every group start.
+clips, sums, noises and steps exactly as in ``run_trial``. Every shared call has the same number of lanes
+(``lanes_per_call``, a public constant: ``ACCELERATOR_LANES`` on an accelerator), a call with fewer trials filled
+with copies of its first, so the shape of every computation a trial takes part in depends on its own chunk sizes
+alone, never on how many trials share its group: a batched kernel may sum in another order when the lane count
+changes (measured on a CPU: ResNet-9, up to 8e-2 between calls of 1 and 3 lanes; bench/gpu_group.py). What is left
+to a kernel, the lane a trial occupies and what the other lanes hold, is the guard's (``isolation``, at every
+padded chunk size the trials can produce): a trial's per-example gradients must be bitwise the same in every lane,
+beside copies of itself (a group of one) and beside other trials, or the group trains its trials one at a time
+with their own engines. So a trial's result never depends on which other trials share its group (nothing about K
+or their configs gets into it), and every trial of a grouped search runs this one function (a group of one
+included) where calls take several trials, or its own engine where they take one (a CPU). Against the trial alone
+(``run_trial`` with ``clipping: functorch``): bitwise where the batched-parameter kernels are the per-example
+engine's (the MLP and the MNIST tanh CNN: the same parameters, score and measurements); within float32 rounding
+elsewhere (a 3x3 convolution with padding becomes a grouped convolution with another summation order: GN-CNN,
+~1e-7 per gradient coordinate), which ``isolation`` bounds at every group start.
 
 The guard. ``_trial.prepare`` runs the clipping guard for each trial (its whole-model vmap, proven exact for the
 model: each example moves its clipped sum by at most C). ``isolation`` adds what a group needs on top, on the
-trials' own models: lanes equal to a group of one bitwise, one trial's example moving no other trial's gradients,
-and each lane within float rounding of the engine the guard proved; a group that fails it trains its trials one at a
-time with their own engines.
+trials' own models at the calls' real shapes: lanes independent of their place and their company bitwise, and each
+trial's lanes within float rounding of the engine the guard proved; a group that fails it trains its trials one at
+a time with their own engines.
 
 Crashes. A trial whose own code raises (its forward, its optimizer, its evaluation) is that trial's crash: it
 scores −∞ (``TrialCrash``), the others go on. When the group's shared computation raises, the round is replayed
@@ -52,11 +58,14 @@ from torch import nn
 from dptune.config import TrialConfig
 from dptune.data import Splits
 from dptune.dpsgd._engines import VmapEngine
-from dptune.dpsgd._loop import Chunk
+from dptune.dpsgd._loop import Chunk, padded_size
 from dptune.dpsgd._trial import PreparedTrial, TrialResult, prepare
 
 __all__ = ["TrialCrash", "architecture_key", "isolation", "run_group"]
 
+# the lanes of every shared call on an accelerator: a public constant, never the group's size (which K decides);
+# a call with fewer trials is filled with copies of its first (their results unused)
+ACCELERATOR_LANES = 4
 TOL_ENGINE = 1e-4  # a lane against its trial's own engine: float32 rounding of one example's gradient (of its norm)
 # what a trial's model computes and how its per-example gradients are computed: trials that agree on these (and
 # run whole-model vmap) can share one vmapped computation; every other field is the trial's own
@@ -134,38 +143,69 @@ def _fill(trial: PreparedTrial, grads: list[torch.Tensor], losses: torch.Tensor,
     return losses[lane][:n_real].sum()
 
 
+def call_sizes(trials: Sequence[PreparedTrial]) -> list[int]:
+    """Every padded chunk size (rows) the trials' training can hand the group's function: a step's last chunk has
+    any size from 1 to the trial's physical chunk, padded to its bucket (``_loop.padded_size``)."""
+    top = max((t.sched.chunk for t in trials), default=1)
+    return sorted({padded_size(n) for n in range(1, top + 1)})
+
+
 def isolation(models: Sequence[nn.Module], engines: Sequence[VmapEngine], input_shape: tuple[int, ...],
-              num_classes: int, views: int) -> str | None:
-    """The group's guard, on synthetic inputs (no data is read), with the trials' own models: (1) each lane's
-    per-example gradients in the group equal the same trial's alone through the group's function (a group of
-    one), bitwise: a trial's numbers do not depend on its group; (2) changing one example of trial 0 leaves every
-    other lane bitwise unchanged; (3) each lane computes its trial's own engine's per-example gradients (the
-    engine the clipping guard proved exact), up to float32 rounding (``TOL_ENGINE`` of each gradient's norm).
-    None when all hold, else what failed."""
+              num_classes: int, views: int, *, width: int | None = None, sizes: Sequence[int] = (4,)) -> str | None:
+    """The group's guard, on synthetic inputs (no data is read), with the trials' own models, at every call shape
+    the group runs (``width`` lanes, as ``_round`` pads every call; each of ``sizes`` rows): (1) a trial's
+    per-example gradients do not depend on its lane (the call's lanes rolled by one: bitwise the same); (2) nor on
+    its company (trial 0 with every other lane a copy of itself, as a group of one's call: bitwise the same as in
+    the group; another lane's examples changed: bitwise unchanged); (3) each trial's lanes compute its own engine's
+    per-example gradients (the engine the clipping guard proved exact), up to float32 rounding (``TOL_ENGINE`` of
+    each gradient's norm), at the largest size. None when all hold, else what failed.
+
+    Why the width is fixed: a batched kernel can sum in another order when the number of lanes changes (measured:
+    ResNet-9 on a CPU, a lane's gradients moved by up to 8e-2 between calls of 1 and 3 lanes, where 4-row
+    probes of 2 lanes saw nothing). Were the calls as wide as the group, a trial's numbers would show how many
+    trials share its group, and so K."""
     k = max(views, 1)
+    g = len(models)
+    width = max(width or g, 1)
     gen = torch.Generator().manual_seed(20261127)
-    n = 4
     p0 = next(models[0].parameters())
-    xs = [torch.randn((n * k, *input_shape), generator=gen).to(dtype=p0.dtype, device=p0.device) for _ in models]
-    ys = [torch.randint(0, num_classes, (n,), generator=gen).to(p0.device) for _ in models]
     lanes = _Lanes(models[0])
+    call_models = [models[i % g] for i in range(width)]
+
+    def inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn((n * k, *input_shape), generator=gen).to(dtype=p0.dtype, device=p0.device)
+        return x, torch.randint(0, num_classes, (n,), generator=gen).to(p0.device)
+
+    def same(a: list[torch.Tensor], i: int, b: list[torch.Tensor], j: int) -> bool:
+        return all(torch.equal(ga[i], gb[j]) for ga, gb in zip(a, b, strict=True))
+
     try:
-        grads, _ = lanes.gradients(models, [Chunk(x, y, views, n) for x, y in zip(xs, ys, strict=True)])
-        changed = xs[0].clone()
-        changed[:k] = torch.randn((k, *input_shape), generator=gen).to(dtype=p0.dtype, device=p0.device)
-        moved, _ = lanes.gradients(models, [Chunk(x, y, views, n) for x, y in zip([changed, *xs[1:]], ys,
-                                                                                  strict=True)])
-        for lane, (model, engine) in enumerate(zip(models, engines, strict=True)):
-            alone, _ = lanes.gradients([model], [Chunk(xs[lane], ys[lane], views, n)])
-            if not all(torch.equal(g[lane], a[0]) for g, a in zip(grads, alone, strict=True)):
-                return f"trial {lane}'s per-example gradients in the group differ from its own alone"
-            if lane > 0 and not all(torch.equal(g[lane], m[lane]) for g, m in zip(grads, moved, strict=True)):
-                return f"changing an example of trial 0 changed trial {lane}'s gradients"
-            own, _ = engine._grads(tuple(p.detach() for p in engine.params), xs[lane].view(-1, k, *input_shape),
-                                   ys[lane][:, None].expand(-1, k))
-            diff = _row_norms([g[lane] - o for g, o in zip(grads, own, strict=True)])
+        for n in sizes:
+            data = [inputs(n) for _ in range(width)]
+            chunks = [Chunk(x, y, views, n) for x, y in data]
+            grads, _ = lanes.gradients(call_models, chunks)
+            if width > 1:
+                rolled, _ = lanes.gradients(call_models[1:] + call_models[:1], chunks[1:] + chunks[:1])
+                bad = next((i for i in range(width) if not same(grads, i, rolled, (i - 1) % width)), None)
+                if bad is not None:
+                    return f"at {n} rows a trial's per-example gradients depend on its lane ({bad} of {width})"
+                solo, _ = lanes.gradients([call_models[0]] * width, [chunks[0]] * width)
+                if not same(grads, 0, solo, 0):
+                    return f"at {n} rows trial 0's per-example gradients depend on the trials beside it"
+                x0, y0 = inputs(n)
+                moved, _ = lanes.gradients(call_models, [Chunk(x0, y0, views, n), *chunks[1:]])
+                bad = next((i for i in range(1, width) if not same(grads, i, moved, i)), None)
+                if bad is not None:
+                    return f"at {n} rows changing an example of trial 0 changed trial {bad}'s gradients"
+        n = max(sizes)
+        for model, engine in zip(models, engines, strict=True):
+            x, y = inputs(n)
+            got, _ = lanes.gradients([model] * width, [Chunk(x, y, views, n)] * width)
+            own, _ = engine._grads(tuple(p.detach() for p in engine.params), x.view(-1, k, *input_shape),
+                                   y[:, None].expand(-1, k))
+            diff = _row_norms([g_[0] - o for g_, o in zip(got, own, strict=True)])
             if not bool((diff <= TOL_ENGINE * (_row_norms(list(own)) + 1e-12)).all()):
-                return f"trial {lane}'s per-example gradients differ from its engine's by {float(diff.max()):.3g}"
+                return f"a trial's per-example gradients differ from its engine's by {float(diff.max()):.3g}"
     except Exception as e:
         return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     return None
@@ -194,10 +234,11 @@ def run_group(
     data is touched, as they do in ``run_trial``. A group whose trials cannot share the computation (another
     engine, a model that draws random numbers, a failed ``isolation`` probe) trains them one at a time.
 
-    ``lanes_per_call``: the most trials one vmapped call takes (default: all on an accelerator; 1 on a CPU, where
-    ``bench/search_walltime.py`` measured a call over several trials' chunks slower than each trial's own engine).
-    At 1 each trial's chunks go through its own engine: ``run_trial``'s computation, bitwise, whatever the model.
-    Above 1 the group's function (``_Lanes``), whose numbers do not depend on the group (``isolation``)."""
+    ``lanes_per_call``: the lanes of every vmapped call (default: ``ACCELERATOR_LANES`` on an accelerator, never
+    the group's size; 1 on a CPU, where ``bench/search_walltime.py`` measured a call over several trials' chunks
+    slower than each trial's own engine). At 1 each trial's chunks go through its own engine: ``run_trial``'s
+    computation, bitwise, whatever the model. Above 1 the group's function (``_Lanes``), every call that wide,
+    whose numbers do not depend on the group (``isolation``)."""
     t0 = time.perf_counter()
     dev = torch.device(device or "cpu")
     g = len(configs)
@@ -209,7 +250,7 @@ def run_group(
     trials = [prepare(c, data, dev, sampling_basis=sampling_basis, charged_points=charged, checkpoint_path=p,
                       on_epoch=h) for c, p, h in zip(configs, paths, hooks, strict=True)]
     outcomes: dict[int, Outcome] = {}
-    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else max(g, 1))
+    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else ACCELERATOR_LANES)
     lanes = _shared(trials, data, per_call)
     gens: dict[int, Generator[Chunk, torch.Tensor, None]] = {i: t.chunks(data, t0) for i, t in enumerate(trials)}
     pending: dict[int, Chunk] = {}
@@ -240,7 +281,8 @@ def _shared(trials: list[PreparedTrial], data: Splits, per_call: int) -> _Lanes 
     if per_call <= 1 or not trials or not all(_groupable(t) for t in trials):
         return None
     failure = isolation([t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
-                        tuple(data.input_shape), data.num_classes, trials[0].sched.views)
+                        tuple(data.input_shape), data.num_classes, trials[0].sched.views, width=per_call,
+                        sizes=call_sizes(trials))
     return _Lanes(trials[0].run.model) if failure is None else None
 
 
@@ -266,9 +308,10 @@ def _advance(i: int, gens: dict[int, Generator[Chunk, torch.Tensor, None]], pend
 def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], lanes: _Lanes | None,
            per_call: int) -> dict[int, torch.Tensor | TrialCrash]:
     """One physical chunk of each trial in ``order``: one vmapped computation per padded chunk size and at most
-    ``per_call`` trials (a lane's gradients do not depend on its company, so chunks are not padded further to share a
-    call), replayed lane by lane (a group of one: bitwise the same, see ``isolation``) when it raises, so only a trial
-    that raises alone crashes; without a shared computation, each trial's own engine."""
+    ``per_call`` trials, every call ``per_call`` lanes wide (filled with copies of its first trial, their results
+    unused: a call's shape never shows the group), replayed trial by trial (a group of one, filled the same way:
+    bitwise the same, see ``isolation``) when it raises, so only a trial that raises alone crashes; without a
+    shared computation, each trial's own engine."""
     out: dict[int, torch.Tensor | TrialCrash] = {}
     if lanes is not None:
         sizes: dict[int, list[int]] = {}
@@ -277,7 +320,9 @@ def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], l
         calls = [same[k:k + per_call] for same in sizes.values() for k in range(0, len(same), max(per_call, 1))]
         for same in calls:
             try:
-                grads, losses = lanes.gradients([trials[order[j]].run.model for j in same], [chunks[j] for j in same])
+                fill = per_call - len(same)  # every call is per_call lanes wide: its shape never shows the group
+                grads, losses = lanes.gradients([trials[order[j]].run.model for j in same + [same[0]] * fill],
+                                                [chunks[j] for j in same + [same[0]] * fill])
                 out.update({order[j]: _fill(trials[order[j]], grads, losses, lane, chunks[j].n_real)
                             for lane, j in enumerate(same)})
             except Exception:
@@ -287,7 +332,7 @@ def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], l
             continue
         try:
             if lanes is not None:
-                grads, losses = lanes.gradients([trials[i].run.model], [c])
+                grads, losses = lanes.gradients([trials[i].run.model] * per_call, [c] * per_call)
                 out[i] = _fill(trials[i], grads, losses, 0, c.n_real)
             else:
                 out[i] = trials[i].run.engine.backward(c.x, c.y, c.views, c.n_real)

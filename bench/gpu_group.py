@@ -1,0 +1,243 @@
+"""Vectorised trials on one GPU (issue 44 goals 2-3; ``bench/gpu_check.sh group``): G trials of one architecture
+trained as one computation (``dpsgd.run_group``: whole-model vmap over trials) against the same G trials one at a
+time, side by side in one run, without Ray.
+
+    python bench/gpu_group.py --mnist .gpu --out $OUT/gpu_group.json        # on a GPU machine
+    python bench/gpu_group.py --smoke --out /tmp/gpu_group.json              # CPU: digits, 2 trials, tiny
+
+NOT PRIVATE (fixed seeds): a throughput and equivalence bench. Per space, G configs of one architecture (the
+space's default model and groups; learning rate, batch size, σ and seed differ as the space lets them), epochs
+fixed, on ``--device`` (default: cuda when there is one):
+
+- **alone**: each config through ``run_trial`` with the space's own ``clipping`` (``auto``: what a one-at-a-time
+  search runs), one after another: wall time, each trial's test accuracy;
+- **alone_functorch**: each config alone under the group's engine (``clipping: functorch``);
+- **group**: the G configs under ``functorch`` through ``run_group`` (vmapped calls ``--lanes`` wide: the
+  accelerator's default ``ACCELERATOR_LANES``, or G on a CPU, whose default is no shared call), wall time (the
+  group's guard included) and accuracies, and whether the guard (``isolation``) let the trials share the
+  computation (``shared``; when not, each trial runs its own engine one after another);
+- **company**: the first config as a group of one (its calls filled to the same width) against the same config in
+  the group of G: max |Δ parameter| after training (0: a trial's numbers do not show its company, and so not K);
+- **real shape**: the group's function at the padded chunk sizes training has, up to ``physical_batch_size`` rows:
+  max |Δ| of a lane's per-example gradients between a call of G lanes and one of 1 (``count``: why calls have a
+  fixed width), the lanes rolled by one (``position``) and another lane's examples changed (``company``).
+
+Also: the group's parameters against ``alone_functorch``'s (max |Δ|) and the test-accuracy difference group − alone
+(the engine a search runs alone) over the G seeds. Results: a table on stdout, every field in ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness.synthetic import write_synthetic_cifar  # noqa: E402
+
+from dptune.config import TrialConfig, load_space  # noqa: E402
+from dptune.data import Splits, load_dataset  # noqa: E402
+from dptune.dpsgd import run_trial  # noqa: E402
+from dptune.dpsgd._group import ACCELERATOR_LANES, _Lanes, _shared, run_group  # noqa: E402
+from dptune.dpsgd._loop import Chunk  # noqa: E402
+from dptune.dpsgd._trial import TrialResult, prepare  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 2**100 + 4400  # NOT PRIVATE: the same trials in every arm
+
+
+def configs(space_file: str, g: int, epochs: float, overrides: dict[str, Any]) -> list[TrialConfig]:
+    """G configs of the space's default architecture: lr, batch size and σ spread over the space's ranges."""
+    space = load_space(ROOT / "search_spaces" / space_file)
+    base = space.default.replace(epochs=epochs, score_noise=None, **overrides)
+    lr = space.space.get("learning_rate")
+    lows = (lr.low, lr.high) if lr is not None and hasattr(lr, "low") else (base.learning_rate, base.learning_rate)
+    batch = space.space.get("batch_size")
+    batches = list(getattr(batch, "choices", [base.batch_size]))
+    out = []
+    for i in range(g):
+        t = i / max(g - 1, 1)
+        out.append(base.replace(learning_rate=lows[0] * (lows[1] / lows[0]) ** t,
+                                batch_size=int(batches[i % len(batches)]),
+                                noise_multiplier=1.0 + 1.0 * t, seed=SEED + i))
+    return out
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Any, device: str) -> tuple[Any, float]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+def _maxdiff(a: TrialResult, b: TrialResult) -> float:
+    assert a.model_state is not None and b.model_state is not None
+    return max(float((a.model_state[k].float() - b.model_state[k].float()).abs().max()) for k in a.model_state)
+
+
+def real_shape(cfgs: list[TrialConfig], data: Splits, device: str) -> list[dict[str, Any]]:
+    """The group's function at the padded chunk shapes training has (up to ``physical_batch_size`` rows): each lane's
+    per-example gradients (max |Δ| over lanes and coordinates) in a call of all G trials against the same lane in
+    a call of one (``count``: does a trial's number depend on how many share the call, and so on K?), against the
+    lanes rolled by one (``position``: on its place in the call), and with another trial's examples changed
+    (``company``: on the others' data). 0 is bitwise."""
+    from dptune.dpsgd._loop import padded_size
+
+    dev = torch.device(device)
+    trials = [prepare(c, data, dev) for c in cfgs]
+    models = [t.run.model for t in trials]
+    lanes = _Lanes(models[0])
+    views = trials[0].sched.views
+    k = max(views, 1)
+    top = cfgs[0].physical_batch_size // k
+    sizes = sorted({padded_size(min(top, s)) for s in (3, 16, 40, 100, 200, top)})
+    gen = torch.Generator().manual_seed(7)
+    x_all, y_all = data.train
+    out = []
+
+    def diff(a: list[torch.Tensor], i: int, b: list[torch.Tensor], j: int) -> float:
+        return max(float((ga[i] - gb[j]).abs().max()) for ga, gb in zip(a, b, strict=True))
+
+    for rows in sizes:
+        chunks = []
+        for _ in trials:
+            idx = torch.randint(0, len(y_all), (rows,), generator=gen)
+            x = x_all[idx].repeat_interleave(k, 0) if k > 1 else x_all[idx]
+            chunks.append(Chunk(x.to(dev), y_all[idx].to(dev), views, rows))
+        g = len(trials)
+        together, _ = lanes.gradients(models, chunks)
+        alone = [lanes.gradients([models[i]], [chunks[i]])[0] for i in range(g)]
+        rolled, _ = lanes.gradients(models[1:] + models[:1], chunks[1:] + chunks[:1])
+        changed = chunks[:]
+        c0 = chunks[0]
+        changed[0] = Chunk(torch.flip(c0.x, [0]), torch.flip(c0.y, [0]), views, rows)
+        moved, _ = lanes.gradients(models, changed)
+        out.append({"rows": rows,
+                    "count": max(diff(together, i, alone[i], 0) for i in range(g)),
+                    "position": max(diff(together, i, rolled, (i - 1) % g) for i in range(g)),
+                    "company": max(diff(together, i, moved, i) for i in range(1, g))})
+        print(f"  real shape {rows:>4} rows: count {out[-1]['count']:.2g}, position {out[-1]['position']:.2g}, "
+              f"company {out[-1]['company']:.2g}", flush=True)
+    return out
+
+
+def bench_space(name: str, cfgs: list[TrialConfig], data: Splits, device: str, lanes: int | None
+                ) -> dict[str, Any]:
+    g = len(cfgs)
+    lanes = lanes or (ACCELERATOR_LANES if device.startswith("cuda") else g)
+    print(f"=== {name}: {g} trials, {cfgs[0].model} groups {cfgs[0].groups}, epochs {cfgs[0].epochs}, "
+          f"clipping alone {cfgs[0].clipping}, device {device} {time.strftime('%T')}", flush=True)
+    run_trial(cfgs[0].replace(epochs=min(cfgs[0].epochs, 0.05)), data, device=device)  # warm-up: CUDA, cuDNN
+    fun = [c.replace(clipping="functorch") for c in cfgs]
+    alone, t_alone = _timed(lambda: [run_trial(c, data, device=device, evaluate_test=True, return_model=True)
+                                     for c in cfgs], device)
+    print(f"  alone ({alone[0].clipping_mode}): {t_alone:.1f} s", flush=True)
+    alone_f, t_alone_f = _timed(lambda: [run_trial(c, data, device=device, evaluate_test=True, return_model=True)
+                                         for c in fun], device)
+    print(f"  alone (functorch): {t_alone_f:.1f} s", flush=True)
+    shared = _shared([prepare(c, data, torch.device(device)) for c in fun], data, lanes) is not None
+    group, t_group = _timed(lambda: run_group(fun, data, device=device, evaluate_test=True, return_model=True,
+                                              lanes_per_call=lanes), device)
+    print(f"  group ({lanes} lanes per call, shared computation: {shared}): {t_group:.1f} s", flush=True)
+    one, _ = _timed(lambda: run_group(fun[:1], data, device=device, return_model=True, lanes_per_call=lanes),
+                    device)
+    assert all(isinstance(r, TrialResult) for r in [*alone, *alone_f, *group, *one])
+    shape = real_shape(fun, data, device)
+    acc_alone = [float(r.test_accuracy or 0.0) for r in alone]
+    acc_group = [float(r.test_accuracy or 0.0) for r in group]
+    return {"space": name, "device": device, "trials": g, "lanes_per_call": lanes, "model": cfgs[0].model, "groups": cfgs[0].groups,
+            "epochs": cfgs[0].epochs, "configs": [{"learning_rate": c.learning_rate, "batch_size": c.batch_size,
+                                                  "noise_multiplier": c.noise_multiplier} for c in cfgs],
+            "steps": [r.steps for r in group], "alone_mode": alone[0].clipping_mode,
+            "alone_s": t_alone, "alone_functorch_s": t_alone_f, "group_s": t_group, "shared": shared,
+            "speedup_vs_alone": t_alone / t_group, "speedup_vs_alone_functorch": t_alone_f / t_group,
+            "test_accuracy_alone": acc_alone, "test_accuracy_group": acc_group,
+            "accuracy_diff_mean": statistics.fmean(a - b for a, b in zip(acc_group, acc_alone, strict=True)),
+            "max_param_diff_group_vs_alone_functorch": max(_maxdiff(a, b) for a, b in zip(group, alone_f,
+                                                                                         strict=True)),
+            "max_param_diff_company": _maxdiff(group[0], one[0]),
+            "noise_std_over_sigma_c": [float(r.noise_std or 0.0) / (c.noise_multiplier * c.max_grad_norm)
+                                       for r, c in zip(group, cfgs, strict=True)],
+            "real_shape": shape}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [f"{'space':<16} {'G':>2} {'alone s':>8} {'functorch s':>11} {'group s':>8} {'shared':>6} "
+             f"{'x alone':>7} {'x functorch':>11} {'acc alone':>9} {'acc group':>9} {'Δparam f':>9} "
+             f"{'Δcompany':>9} {'Δcount':>11}"]
+    for r in results:
+        lines.append(f"{r['space']:<16} {r['trials']:>2} {r['alone_s']:>8.1f} {r['alone_functorch_s']:>11.1f} "
+                     f"{r['group_s']:>8.1f} {str(r['shared']):>6} {r['speedup_vs_alone']:>7.2f} "
+                     f"{r['speedup_vs_alone_functorch']:>11.2f} {statistics.fmean(r['test_accuracy_alone']):>9.4f} "
+                     f"{statistics.fmean(r['test_accuracy_group']):>9.4f} "
+                     f"{r['max_param_diff_group_vs_alone_functorch']:>9.2g} {r['max_param_diff_company']:>9.2g} "
+                     f"{max(s['count'] for s in r['real_shape']):>11.2g}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spaces", nargs="+", default=["mnist", "cifar10_resnet9"],
+                    choices=["mnist", "cifar10_resnet9", "digits"])
+    ap.add_argument("--mnist", type=Path, default=ROOT.parent / "shared" / "data" / "mnist-t10k")
+    ap.add_argument("--trials", type=int, default=5, help="G: trials per group (>= 5: the accuracy comparison)")
+    ap.add_argument("--mnist-epochs", type=float, default=2.0)
+    ap.add_argument("--cifar-epochs", type=float, default=1.0)
+    ap.add_argument("--cifar-per-batch", type=int, default=2000, help="synthetic images per training batch (x5)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="lanes per vmapped call (default: ACCELERATOR_LANES on cuda, G on a CPU)")
+    ap.add_argument("--smoke", action="store_true", help="CPU: digits only, 2 trials, 0.3 epoch")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.spaces, args.trials = ["digits"], 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results: list[dict[str, Any]] = []
+    meta = {"argv": {k: str(v) for k, v in vars(args).items()}, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
+    with tempfile.TemporaryDirectory(prefix="dptune-gpu-group-") as tmp:
+        for name in args.spaces:
+            if name == "mnist":
+                space = load_space(ROOT / "search_spaces" / "mnist.yaml")
+                data = load_dataset(replace(space.dataset, path=str(args.mnist.resolve())))
+                cfgs = configs("mnist.yaml", args.trials, args.mnist_epochs, {})
+            elif name == "cifar10_resnet9":
+                folder = write_synthetic_cifar(Path(tmp) / "cifar-10-batches-py", per_batch=args.cifar_per_batch,
+                                               n_test=min(2000, args.cifar_per_batch))
+                space = load_space(ROOT / "search_spaces" / "cifar10_resnet9.yaml")
+                data = load_dataset(replace(space.dataset, path=str(folder), pool_size=5 * args.cifar_per_batch,
+                                            validation_size=min(1000, args.cifar_per_batch)))
+                cfgs = configs("cifar10_resnet9.yaml", args.trials, args.cifar_epochs, {})
+            else:  # digits: the embedded default (the CPU smoke)
+                space = load_space(ROOT / "search_spaces" / "digits.yaml")
+                data = load_dataset(space.dataset)
+                cfgs = configs("digits.yaml", args.trials, 0.3 if args.smoke else 2.0,
+                               {"physical_batch_size": 48} if args.smoke else {})
+            results.append(bench_space(name, cfgs, data, args.device, args.lanes))
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({**meta, "results": results}, indent=2))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
