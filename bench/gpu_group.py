@@ -201,11 +201,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--lanes", type=int, default=None,
                     help="lanes per vmapped call (default: ACCELERATOR_LANES on cuda, G on a CPU)")
+    ap.add_argument("--physical", type=int, default=None,
+                    help="physical_batch_size of every trial (default: the space's; a CPU run of ResNet-9 wants 32)")
     ap.add_argument("--smoke", action="store_true", help="CPU: digits only, 2 trials, 0.3 epoch")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.smoke:
-        args.spaces, args.trials = ["digits"], 2
+        args.spaces, args.trials, args.physical = ["digits"], 2, args.physical or 48
     return args
 
 
@@ -215,23 +217,23 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"argv": {k: str(v) for k, v in vars(args).items()}, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
     with tempfile.TemporaryDirectory(prefix="dptune-gpu-group-") as tmp:
+        phys = {"physical_batch_size": args.physical} if args.physical else {}
         for name in args.spaces:
             if name == "mnist":
                 space = load_space(ROOT / "search_spaces" / "mnist.yaml")
                 data = load_dataset(replace(space.dataset, path=str(args.mnist.resolve())))
-                cfgs = configs("mnist.yaml", args.trials, args.mnist_epochs, {})
+                cfgs = configs("mnist.yaml", args.trials, args.mnist_epochs, phys)
             elif name == "cifar10_resnet9":
                 folder = write_synthetic_cifar(Path(tmp) / "cifar-10-batches-py", per_batch=args.cifar_per_batch,
                                                n_test=min(2000, args.cifar_per_batch))
                 space = load_space(ROOT / "search_spaces" / "cifar10_resnet9.yaml")
                 data = load_dataset(replace(space.dataset, path=str(folder), pool_size=5 * args.cifar_per_batch,
                                             validation_size=min(1000, args.cifar_per_batch)))
-                cfgs = configs("cifar10_resnet9.yaml", args.trials, args.cifar_epochs, {})
+                cfgs = configs("cifar10_resnet9.yaml", args.trials, args.cifar_epochs, phys)
             else:  # digits: the embedded default (the CPU smoke)
                 space = load_space(ROOT / "search_spaces" / "digits.yaml")
                 data = load_dataset(space.dataset)
-                cfgs = configs("digits.yaml", args.trials, 0.3 if args.smoke else 2.0,
-                               {"physical_batch_size": 48} if args.smoke else {})
+                cfgs = configs("digits.yaml", args.trials, 0.3 if args.smoke else 2.0, phys)
             results.append(bench_space(name, cfgs, data, args.device, args.lanes))
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({**meta, "results": results}, indent=2))
