@@ -14,13 +14,16 @@ fixed, on ``--device`` (default: cuda when there is one):
 - **alone_functorch**: each config alone under the group's engine (``clipping: functorch``);
 - **group**: the G configs under ``functorch`` through ``run_group`` (vmapped calls ``--lanes`` wide: the
   accelerator's default ``ACCELERATOR_LANES``, or G on a CPU, whose default is no shared call), wall time (the
-  group's guard included) and accuracies, and whether the guard (``isolation``) let the trials share the
-  computation (``shared``; when not, each trial runs its own engine one after another);
+  group's guard included) and accuracies, and whether the group's guard let the trials share the computation
+  (``shared``; when not, ``refused`` says why and each trial runs its own engine one after another);
 - **company**: the first config as a group of one (its calls filled to the same width) against the same config in
-  the group of G: max |Δ parameter| after training (0: a trial's numbers do not show its company, and so not K);
-- **real shape**: the group's function at the padded chunk sizes training has, up to ``physical_batch_size`` rows:
-  max |Δ| of a lane's per-example gradients between a call of G lanes and one of 1 (``count``: why calls have a
-  fixed width), the lanes rolled by one (``position``) and another lane's examples changed (``company``).
+  the group of G: max |Δ parameter| after training (0: a trial's numbers do not show its company, and so not K),
+  beside the same group of one run twice (``repeat``: the device's own run-to-run difference, 0 where its kernels
+  are deterministic);
+- **real shape** (``dptune.dpsgd.group_probe``): the group's function at every padded chunk size training has, up
+  to ``physical_batch_size`` rows, on synthetic inputs with the trials' own models: max |Δ| of a lane's per-example
+  gradients between a call of G lanes and one of 1 (``count``: why calls have a fixed width), the lanes rolled by
+  one (``position``) and another lane's examples changed (``company``).
 
 Also: the group's parameters against ``alone_functorch``'s (max |Δ|) and the test-accuracy difference group − alone
 (the engine a search runs alone) over the G seeds. Results: a table on stdout, every field in ``--out`` (JSON).
@@ -31,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -39,16 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness.synthetic import write_synthetic_cifar
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.synthetic import write_synthetic_cifar  # noqa: E402
-
-from dptune.config import TrialConfig, load_space  # noqa: E402
-from dptune.data import Splits, load_dataset  # noqa: E402
-from dptune.dpsgd import run_trial  # noqa: E402
-from dptune.dpsgd._group import ACCELERATOR_LANES, _Lanes, _shared, run_group  # noqa: E402
-from dptune.dpsgd._loop import Chunk  # noqa: E402
-from dptune.dpsgd._trial import TrialResult, prepare  # noqa: E402
+from dptune.config import TrialConfig, load_space
+from dptune.data import Splits, load_dataset
+from dptune.dpsgd import ACCELERATOR_LANES, TrialResult, group_probe, run_group, run_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 2**100 + 4400  # NOT PRIVATE: the same trials in every arm
@@ -89,52 +86,6 @@ def _maxdiff(a: TrialResult, b: TrialResult) -> float:
     return max(float((a.model_state[k].float() - b.model_state[k].float()).abs().max()) for k in a.model_state)
 
 
-def real_shape(cfgs: list[TrialConfig], data: Splits, device: str) -> list[dict[str, Any]]:
-    """The group's function at the padded chunk shapes training has (up to ``physical_batch_size`` rows): each lane's
-    per-example gradients (max |Δ| over lanes and coordinates) in a call of all G trials against the same lane in
-    a call of one (``count``: does a trial's number depend on how many share the call, and so on K?), against the
-    lanes rolled by one (``position``: on its place in the call), and with another trial's examples changed
-    (``company``: on the others' data). 0 is bitwise."""
-    from dptune.dpsgd._loop import padded_size
-
-    dev = torch.device(device)
-    trials = [prepare(c, data, dev) for c in cfgs]
-    models = [t.run.model for t in trials]
-    lanes = _Lanes(models[0])
-    views = trials[0].sched.views
-    k = max(views, 1)
-    top = cfgs[0].physical_batch_size // k
-    sizes = sorted({padded_size(min(top, s)) for s in (3, 16, 40, 100, 200, top)})
-    gen = torch.Generator().manual_seed(7)
-    x_all, y_all = data.train
-    out = []
-
-    def diff(a: list[torch.Tensor], i: int, b: list[torch.Tensor], j: int) -> float:
-        return max(float((ga[i] - gb[j]).abs().max()) for ga, gb in zip(a, b, strict=True))
-
-    for rows in sizes:
-        chunks = []
-        for _ in trials:
-            idx = torch.randint(0, len(y_all), (rows,), generator=gen)
-            x = x_all[idx].repeat_interleave(k, 0) if k > 1 else x_all[idx]
-            chunks.append(Chunk(x.to(dev), y_all[idx].to(dev), views, rows))
-        g = len(trials)
-        together, _ = lanes.gradients(models, chunks)
-        alone = [lanes.gradients([models[i]], [chunks[i]])[0] for i in range(g)]
-        rolled, _ = lanes.gradients(models[1:] + models[:1], chunks[1:] + chunks[:1])
-        changed = chunks[:]
-        c0 = chunks[0]
-        changed[0] = Chunk(torch.flip(c0.x, [0]), torch.flip(c0.y, [0]), views, rows)
-        moved, _ = lanes.gradients(models, changed)
-        out.append({"rows": rows,
-                    "count": max(diff(together, i, alone[i], 0) for i in range(g)),
-                    "position": max(diff(together, i, rolled, (i - 1) % g) for i in range(g)),
-                    "company": max(diff(together, i, moved, i) for i in range(1, g))})
-        print(f"  real shape {rows:>4} rows: count {out[-1]['count']:.2g}, position {out[-1]['position']:.2g}, "
-              f"company {out[-1]['company']:.2g}", flush=True)
-    return out
-
-
 def bench_space(name: str, cfgs: list[TrialConfig], data: Splits, device: str, lanes: int | None
                 ) -> dict[str, Any]:
     g = len(cfgs)
@@ -149,14 +100,18 @@ def bench_space(name: str, cfgs: list[TrialConfig], data: Splits, device: str, l
     alone_f, t_alone_f = _timed(lambda: [run_trial(c, data, device=device, evaluate_test=True, return_model=True)
                                          for c in fun], device)
     print(f"  alone (functorch): {t_alone_f:.1f} s", flush=True)
-    shared = _shared([prepare(c, data, torch.device(device)) for c in fun], data, lanes) is not None
+    probe = group_probe(fun, data, device=device, lanes_per_call=lanes)
+    shared = probe["shared"]
+    for row in probe["sizes"]:
+        print(f"  {row['rows']:>4} rows: count {row['count']:.2g}, position {row['position']:.2g}, "
+              f"company {row['company']:.2g}", flush=True)
     group, t_group = _timed(lambda: run_group(fun, data, device=device, evaluate_test=True, return_model=True,
                                               lanes_per_call=lanes), device)
     print(f"  group ({lanes} lanes per call, shared computation: {shared}): {t_group:.1f} s", flush=True)
     one, _ = _timed(lambda: run_group(fun[:1], data, device=device, return_model=True, lanes_per_call=lanes),
                     device)
-    assert all(isinstance(r, TrialResult) for r in [*alone, *alone_f, *group, *one])
-    shape = real_shape(fun, data, device)
+    again = run_group(fun[:1], data, device=device, return_model=True, lanes_per_call=lanes)  # run-to-run floor
+    assert all(isinstance(r, TrialResult) for r in [*alone, *alone_f, *group, *one, *again])
     acc_alone = [float(r.test_accuracy or 0.0) for r in alone]
     acc_group = [float(r.test_accuracy or 0.0) for r in group]
     return {"space": name, "device": device, "trials": g, "lanes_per_call": lanes, "model": cfgs[0].model, "groups": cfgs[0].groups,
@@ -170,21 +125,23 @@ def bench_space(name: str, cfgs: list[TrialConfig], data: Splits, device: str, l
             "max_param_diff_group_vs_alone_functorch": max(_maxdiff(a, b) for a, b in zip(group, alone_f,
                                                                                          strict=True)),
             "max_param_diff_company": _maxdiff(group[0], one[0]),
+            "max_param_diff_repeat": _maxdiff(one[0], again[0]),  # the device's own run-to-run difference
             "noise_std_over_sigma_c": [float(r.noise_std or 0.0) / (c.noise_multiplier * c.max_grad_norm)
                                        for r, c in zip(group, cfgs, strict=True)],
-            "real_shape": shape}
+            "refused": probe["refused"], "real_shape": probe["sizes"]}
 
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'space':<16} {'G':>2} {'alone s':>8} {'functorch s':>11} {'group s':>8} {'shared':>6} "
              f"{'x alone':>7} {'x functorch':>11} {'acc alone':>9} {'acc group':>9} {'Δparam f':>9} "
-             f"{'Δcompany':>9} {'Δcount':>11}"]
+             f"{'Δcompany':>9} {'Δrepeat':>8} {'Δcount':>11}"]
     for r in results:
         lines.append(f"{r['space']:<16} {r['trials']:>2} {r['alone_s']:>8.1f} {r['alone_functorch_s']:>11.1f} "
                      f"{r['group_s']:>8.1f} {str(r['shared']):>6} {r['speedup_vs_alone']:>7.2f} "
                      f"{r['speedup_vs_alone_functorch']:>11.2f} {statistics.fmean(r['test_accuracy_alone']):>9.4f} "
                      f"{statistics.fmean(r['test_accuracy_group']):>9.4f} "
                      f"{r['max_param_diff_group_vs_alone_functorch']:>9.2g} {r['max_param_diff_company']:>9.2g} "
+                     f"{r['max_param_diff_repeat']:>8.2g} "
                      f"{max(s['count'] for s in r['real_shape']):>11.2g}")
     return "\n".join(lines)
 

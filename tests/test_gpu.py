@@ -69,3 +69,46 @@ def test_layerwise_clipping_trains_on_cuda(digits: Any) -> None:
     assert r.clipping_mode == "alc" and r.steps == r.noise_additions > 0
     assert r.noise_std == pytest.approx(0.5 * cfg.max_grad_norm, rel=0.03)
     assert r.test_accuracy is not None and r.test_accuracy > 0.6
+
+
+def test_a_group_on_cuda_does_not_show_its_company(digits: Any) -> None:
+    """``--group-trials`` on a GPU: the members' chunks go through whole-model vmap calls ``ACCELERATOR_LANES``
+    wide, whatever the group. A trial's parameters in a group of one and in a group of three differ no more than
+    the same group of one run twice (the device's own run-to-run difference: 0 where its kernels are
+    deterministic), and each member runs its own charge (T noise additions of std σ·C)."""
+    from dptune.dpsgd._group import ACCELERATOR_LANES, _shared, run_group
+    from dptune.dpsgd._trial import TrialResult, prepare
+
+    base = load_space(DIGITS).default.replace(clipping="functorch", score_noise=None, epochs=2.0)
+    cfgs = [base.replace(noise_multiplier=0.5 + 0.5 * i, learning_rate=base.learning_rate * (1 + 0.5 * i),
+                         seed=2**100 + 31 + i) for i in range(3)]
+
+    def params(r: Any) -> dict[str, torch.Tensor]:
+        assert isinstance(r, TrialResult) and r.model_state is not None
+        return r.model_state
+
+    def maxdiff(a: Any, b: Any) -> float:
+        return max(float((params(a)[k] - params(b)[k]).abs().max()) for k in params(a))
+
+    one = run_group(cfgs[:1], digits, device="cuda", return_model=True)[0]
+    again = run_group(cfgs[:1], digits, device="cuda", return_model=True)[0]
+    three = run_group(cfgs, digits, device="cuda", return_model=True)
+    floor = maxdiff(one, again)
+    assert maxdiff(one, three[0]) <= floor, f"company moved the trial beyond the device's run-to-run {floor:.3g}"
+    for c, r in zip(cfgs, three, strict=True):
+        assert isinstance(r, TrialResult) and r.steps == r.noise_additions > 0
+        assert r.noise_std == pytest.approx(c.noise_multiplier * c.max_grad_norm, rel=0.03)
+    shared = _shared([prepare(c, digits, torch.device("cuda")) for c in cfgs], digits, ACCELERATOR_LANES)
+    print(f"group shares its calls on cuda: {shared is not None}; run-to-run floor {floor:.3g}")
+
+
+def test_a_grouped_ray_search_granted_a_gpu_runs_its_trials_on_it(tmp_path: Path) -> None:
+    import dptune
+    from dptune.trials import read_trials
+
+    found = dptune.search(DIGITS, budget_epsilon=30, ledger=tmp_path / "l.sqlite", runs_dir=tmp_path, name="g",
+                          seed=digits_seed_with_k(2, 4), epochs=2, num_cpus=4, gpus_per_trial="auto",
+                          group_trials=True)
+    rows = read_trials(found.run / "sealed" / "trials.parquet")
+    assert len(rows) >= 2 and all(r.measured.get("device") == "cuda" for r in rows)
+    assert all(r.steps == r.measured["noise_additions"] for r in rows)

@@ -101,6 +101,15 @@ def test_a_trial_does_not_show_how_many_share_its_calls(digits: Splits) -> None:
     not at the 4 rows the guard used to probe): a trial in a group of one and in a group of two is the same bit for
     bit, since every call is ``lanes_per_call`` wide whatever the group. Before, a call was as wide as its group:
     the trial's parameters moved with the number of trials beside it, and so with K."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # oneDNN's kernels depend on it: at 1 thread a 2-lane call equals the engine here
+    try:
+        _no_company(digits)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _no_company(digits: Splits) -> None:
     from dptune.dpsgd._group import call_sizes
 
     data = _rgb16(digits, 128)
@@ -210,6 +219,21 @@ def test_isolation_probe(digits: Splits, dropout: Path) -> None:
     failure = _probe(drop, digits)
     assert failure is not None and "fails" in failure
     assert all(isinstance(r, TrialResult) and r.steps > 0 for r in run_group(drop, digits))
+
+
+def test_group_probe_reports_what_the_group_runs(digits: Splits, dropout: Path) -> None:
+    """``group_probe`` (the diagnostic bench/gpu_group.py prints): at every padded chunk size the MLP trials train
+    with, a lane's gradients are bitwise independent of the call's width, its lane and the other lanes; the
+    group shares its calls where the guard passes, and says why not where it does not."""
+    from dptune.dpsgd import group_probe
+
+    probe = group_probe(TRIALS, digits, lanes_per_call=3)
+    assert probe["shared"] and probe["refused"] is None and probe["lanes_per_call"] == 3
+    assert [r["rows"] for r in probe["sizes"]] == [1, 2, 4, 8, 16, 32, 40, 48]  # up to the 48-row physical chunk
+    assert all(r["count"] == r["position"] == r["company"] == 0.0 for r in probe["sizes"])
+    assert group_probe(TRIALS, digits, sizes=[4])["refused"] == "one trial per call: each trial's own engine"
+    drop = [c.replace(model="factory:group_dropout_models:make", epochs=0.2) for c in TRIALS[:2]]
+    assert "fails" in group_probe(drop, digits, lanes_per_call=2, sizes=[4])["refused"]
 
 
 def test_a_group_is_one_architecture(digits: Splits) -> None:

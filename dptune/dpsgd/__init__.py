@@ -20,7 +20,7 @@ from dptune.dpsgd._batchclip import BatchClipEngine
 from dptune.dpsgd._bookkeeping import BookKeepingEngine
 from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, make_engine, resolve_clipping
-from dptune.dpsgd._group import TrialCrash, architecture_key, run_group
+from dptune.dpsgd._group import ACCELERATOR_LANES, TrialCrash, architecture_key, group_probe, run_group
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._optim import NoiseMeter
@@ -31,6 +31,7 @@ from dptune.dpsgd._trial import TrialResult, init_model, run_trial
 from dptune.dpsgd._validate import validate_model
 
 __all__ = [
+    "ACCELERATOR_LANES",
     "AUTO_CLIPPING",
     "BUGS",
     "BatchClipEngine",
@@ -46,6 +47,7 @@ __all__ = [
     "TrialStreams",
     "architecture_key",
     "engine_mode",
+    "group_probe",
     "guarded_clipping",
     "init_model",
     "layer_constants",

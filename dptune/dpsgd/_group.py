@@ -61,7 +61,7 @@ from dptune.dpsgd._engines import VmapEngine
 from dptune.dpsgd._loop import Chunk, padded_size
 from dptune.dpsgd._trial import PreparedTrial, TrialResult, prepare
 
-__all__ = ["TrialCrash", "architecture_key", "isolation", "run_group"]
+__all__ = ["ACCELERATOR_LANES", "TrialCrash", "architecture_key", "call_sizes", "group_probe", "isolation", "run_group"]
 
 # the lanes of every shared call on an accelerator: a public constant, never the group's size (which K decides);
 # a call with fewer trials is filled with copies of its first (their results unused)
@@ -209,6 +209,55 @@ def isolation(models: Sequence[nn.Module], engines: Sequence[VmapEngine], input_
     except Exception as e:
         return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     return None
+
+
+def group_probe(configs: Sequence[TrialConfig], data: Splits, *, device: str | None = None,
+                lanes_per_call: int | None = None, sizes: Sequence[int] | None = None) -> dict[str, Any]:
+    """What a group of ``configs`` runs on ``device`` (a diagnostic: ``bench/gpu_group.py``): ``lanes_per_call``
+    (``run_group``'s default when None), whether its trials share their calls (``shared``; ``refused``: the
+    guard's reason when not) and, at each padded chunk size (``sizes``, default: every size the trials train
+    with), on synthetic inputs with the trials' own models, the max |Δ| of a lane's per-example gradients between a
+    call of every trial and a call of that trial alone (``count``: why calls have a fixed width), with the lanes
+    rolled by one (``position``) and with another lane's examples changed (``company``). 0 is bitwise; no sizes where
+    the group's computation raises."""
+    dev = torch.device(device or "cpu")
+    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else ACCELERATOR_LANES)
+    trials = [prepare(c, data, dev) for c in configs]
+    models = [t.run.model for t in trials]
+    views = trials[0].sched.views
+    k = max(views, 1)
+    refused = None if per_call > 1 else "one trial per call: each trial's own engine"
+    if refused is None and not all(_groupable(t) for t in trials):
+        refused = "an engine other than whole-model vmap"
+    if refused is None:
+        refused = isolation(models, [t.run.engine for t in trials], tuple(data.input_shape),  # type: ignore[misc]
+                            data.num_classes, views, width=per_call, sizes=call_sizes(trials))
+    lanes = _Lanes(models[0])
+    gen = torch.Generator().manual_seed(7)
+    p0 = next(models[0].parameters())
+    g = len(models)
+
+    def chunk(n: int) -> Chunk:
+        x = torch.randn((n * k, *data.input_shape), generator=gen).to(dtype=p0.dtype, device=dev)
+        return Chunk(x, torch.randint(0, data.num_classes, (n,), generator=gen).to(dev), views, n)
+
+    def diff(a: list[torch.Tensor], i: int, b: list[torch.Tensor], j: int) -> float:
+        return max(float((ga[i] - gb[j]).abs().max()) for ga, gb in zip(a, b, strict=True))
+
+    rows: list[dict[str, float]] = []
+    if refused is not None and "fails" in refused:  # the group's computation raises: nothing to measure
+        return {"lanes_per_call": per_call, "shared": False, "refused": refused, "sizes": rows}
+    for n in sizes if sizes is not None else call_sizes(trials):
+        chunks = [chunk(n) for _ in models]
+        together, _ = lanes.gradients(models, chunks)
+        rolled, _ = lanes.gradients(models[1:] + models[:1], chunks[1:] + chunks[:1])
+        moved, _ = lanes.gradients(models, [chunk(n), *chunks[1:]])
+        rows.append({"rows": n,
+                     "count": max(diff(together, i, lanes.gradients([models[i]], [chunks[i]])[0], 0)
+                                  for i in range(g)),
+                     "position": max(diff(together, i, rolled, (i - 1) % g) for i in range(g)),
+                     "company": max((diff(together, i, moved, i) for i in range(1, g)), default=0.0)})
+    return {"lanes_per_call": per_call, "shared": refused is None, "refused": refused, "sizes": rows}
 
 
 def _row_norms(ts: list[torch.Tensor]) -> torch.Tensor:
