@@ -76,8 +76,7 @@ def test_a_group_on_cuda_does_not_show_its_company(digits: Any) -> None:
     wide, whatever the group. A trial's parameters in a group of one and in a group of three differ no more than
     the same group of one run twice (the device's own run-to-run difference: 0 where its kernels are
     deterministic), and each member runs its own charge (T noise additions of std σ·C)."""
-    from dptune.dpsgd._group import ACCELERATOR_LANES, _shared, run_group
-    from dptune.dpsgd._trial import TrialResult, prepare
+    from dptune.dpsgd import TrialResult, run_group
 
     base = load_space(DIGITS).default.replace(clipping="functorch", score_noise=None, epochs=2.0)
     cfgs = [base.replace(noise_multiplier=0.5 + 0.5 * i, learning_rate=base.learning_rate * (1 + 0.5 * i),
@@ -98,8 +97,6 @@ def test_a_group_on_cuda_does_not_show_its_company(digits: Any) -> None:
     for c, r in zip(cfgs, three, strict=True):
         assert isinstance(r, TrialResult) and r.steps == r.noise_additions > 0
         assert r.noise_std == pytest.approx(c.noise_multiplier * c.max_grad_norm, rel=0.03)
-    shared = _shared([prepare(c, digits, torch.device("cuda")) for c in cfgs], digits, ACCELERATOR_LANES)
-    print(f"group shares its calls on cuda: {shared is not None}; run-to-run floor {floor:.3g}")
 
 
 def test_a_grouped_ray_search_granted_a_gpu_runs_its_trials_on_it(tmp_path: Path) -> None:
