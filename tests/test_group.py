@@ -239,3 +239,5 @@ def test_group_probe_reports_what_the_group_runs(digits: Splits, dropout: Path) 
 def test_a_group_is_one_architecture(digits: Splits) -> None:
     with pytest.raises(ValueError, match="architecture"):
         run_group([TRIALS[0], TRIALS[1].replace(groups=2)], digits)
+    with pytest.raises(ValueError, match="architecture"):  # the calls' shapes, which the group's guard probes
+        run_group([TRIALS[0], TRIALS[1].replace(physical_batch_size=32)], digits)

@@ -9,7 +9,7 @@ Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-s
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
 checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step),
 ``_alc`` (adaptive layerwise clipping's per-layer clip norms, from public data only),
-``_group`` (several trials of one architecture as one computation: ``run_group``), ``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit``
+``_group`` (several trials of one architecture as one computation: ``run_group``; ``_groupprobe``: what a group runs), ``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit``
 uses them).
 """
 
@@ -20,7 +20,8 @@ from dptune.dpsgd._batchclip import BatchClipEngine
 from dptune.dpsgd._bookkeeping import BookKeepingEngine
 from dptune.dpsgd._charge import ChargeMismatch
 from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, make_engine, resolve_clipping
-from dptune.dpsgd._group import ACCELERATOR_LANES, TrialCrash, architecture_key, group_probe, run_group
+from dptune.dpsgd._group import ACCELERATOR_LANES, TrialCrash, architecture_key, run_group
+from dptune.dpsgd._groupprobe import group_probe
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._optim import NoiseMeter

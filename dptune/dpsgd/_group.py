@@ -1,14 +1,15 @@
 """Several trials of one architecture trained as one computation, each exactly as if it ran alone.
 
-A group is G trials whose model computes the same function of (parameters, input) — same model, groups, model
-kwargs, augmentation multiplicity, and whole-model vmap as their clipping engine (``functorch``, or ``alc``'s
-layerwise clipping on top of it); batch size, learning rate, epochs, σ, C and the optimizer may differ. Each
+A group is G trials whose model computes the same function of (parameters, input) at the same shapes — same model,
+groups, model kwargs, augmentation multiplicity, physical batch size, and whole-model vmap as their clipping engine
+(``functorch``, or ``alc``'s layerwise clipping on top of it); batch size, learning rate, epochs, σ, C and the
+optimizer may differ. Each
 trial keeps everything that makes it a trial (``_trial.prepare``): its own model, DPOptimizer, noise meter, EMA,
 Poisson sampler and every other random stream from its own entropy, its schedule (q, T), its checkpoint. Only
 the expensive part, each physical chunk's per-example gradients, is one function for the whole group: ``vmap``
 over trials (parameters stacked) of ``vmap`` over examples of ``grad`` — the functorch engine's own per-example
 function with the trials' parameters as one more batch dimension. How many trials one call takes is a performance
-choice (``lanes_per_call``): all of them on an accelerator; on a CPU one, and then each trial's own engine, since
+choice made from public constants (``lanes_per_call``): ``ACCELERATOR_LANES`` on an accelerator; on a CPU one, and then each trial's own engine, since
 there a call over several trials' chunks measured slower than each trial's engine alone (``bench/search_walltime.py``):
 the group then shares the process, the data, the guard's probes and the Ray trial, not the arithmetic.
 
@@ -33,9 +34,10 @@ elsewhere (a 3x3 convolution with padding becomes a grouped convolution with ano
 
 The guard. ``_trial.prepare`` runs the clipping guard for each trial (its whole-model vmap, proven exact for the
 model: each example moves its clipped sum by at most C). ``isolation`` adds what a group needs on top, on the
-trials' own models at the calls' real shapes: lanes independent of their place and their company bitwise, and each
-trial's lanes within float rounding of the engine the guard proved; a group that fails it trains its trials one at
-a time with their own engines.
+trials' own models at the calls' real shapes: lanes independent of their place and their company bitwise (a group
+that fails it trains its trials one at a time with their own engines), and each trial's lanes within float rounding
+of the engine the guard proved, decided for each trial from its own model alone (``engine_agrees``: a trial that
+fails it runs its own engine while the others share), so whether a trial shares never depends on its company.
 
 Crashes. A trial whose own code raises (its forward, its optimizer, its evaluation) is that trial's crash: it
 scores −∞ (``TrialCrash``), the others go on. When the group's shared computation raises, the round is replayed
@@ -61,15 +63,18 @@ from dptune.dpsgd._engines import VmapEngine
 from dptune.dpsgd._loop import Chunk, padded_size
 from dptune.dpsgd._trial import PreparedTrial, TrialResult, prepare
 
-__all__ = ["ACCELERATOR_LANES", "TrialCrash", "architecture_key", "call_sizes", "group_probe", "isolation", "run_group"]
+__all__ = ["ACCELERATOR_LANES", "TrialCrash", "architecture_key", "call_sizes", "engine_agrees", "isolation",
+           "run_group"]
 
 # the lanes of every shared call on an accelerator: a public constant, never the group's size (which K decides);
 # a call with fewer trials is filled with copies of its first (their results unused)
 ACCELERATOR_LANES = 4
 TOL_ENGINE = 1e-4  # a lane against its trial's own engine: float32 rounding of one example's gradient (of its norm)
-# what a trial's model computes and how its per-example gradients are computed: trials that agree on these (and
-# run whole-model vmap) can share one vmapped computation; every other field is the trial's own
-ARCHITECTURE = ("model", "groups", "scale_norm", "model_kwargs", "fix_batchnorm", "augmult", "clipping")
+# what a trial's model computes, how its per-example gradients are computed and at which shapes (the physical
+# chunk): trials that agree on these (and run whole-model vmap) can share one vmapped computation, whose guard
+# then probes the same shapes for every group of the architecture; every other field is the trial's own
+ARCHITECTURE = ("model", "groups", "scale_norm", "model_kwargs", "fix_batchnorm", "augmult", "clipping",
+                "physical_batch_size")
 
 
 def architecture_key(config: TrialConfig) -> tuple[Any, ...]:
@@ -151,14 +156,16 @@ def call_sizes(trials: Sequence[PreparedTrial]) -> list[int]:
 
 
 def isolation(models: Sequence[nn.Module], engines: Sequence[VmapEngine], input_shape: tuple[int, ...],
-              num_classes: int, views: int, *, width: int | None = None, sizes: Sequence[int] = (4,)) -> str | None:
+              num_classes: int, views: int, *, width: int | None = None, sizes: Sequence[int] = (4,),
+              engine_check: bool = True) -> str | None:
     """The group's guard, on synthetic inputs (no data is read), with the trials' own models, at every call shape
     the group runs (``width`` lanes, as ``_round`` pads every call; each of ``sizes`` rows): (1) a trial's
     per-example gradients do not depend on its lane (the call's lanes rolled by one: bitwise the same); (2) nor on
     its company (trial 0 with every other lane a copy of itself, as a group of one's call: bitwise the same as in
     the group; another lane's examples changed: bitwise unchanged); (3) each trial's lanes compute its own engine's
     per-example gradients (the engine the clipping guard proved exact), up to float32 rounding (``TOL_ENGINE`` of
-    each gradient's norm), at the largest size. None when all hold, else what failed.
+    each gradient's norm), at the largest size (``engine_agrees``, each trial alone; ``engine_check`` False: (1)
+    and (2) only). None when all hold, else what failed.
 
     Why the width is fixed: a batched kernel can sum in another order when the number of lanes changes (measured:
     ResNet-9 on a CPU, a lane's gradients moved by up to 8e-2 between calls of 1 and 3 lanes, where 4-row
@@ -197,67 +204,37 @@ def isolation(models: Sequence[nn.Module], engines: Sequence[VmapEngine], input_
                 bad = next((i for i in range(1, width) if not same(grads, i, moved, i)), None)
                 if bad is not None:
                     return f"at {n} rows changing an example of trial 0 changed trial {bad}'s gradients"
-        n = max(sizes)
-        for model, engine in zip(models, engines, strict=True):
-            x, y = inputs(n)
-            got, _ = lanes.gradients([model] * width, [Chunk(x, y, views, n)] * width)
-            own, _ = engine._grads(tuple(p.detach() for p in engine.params), x.view(-1, k, *input_shape),
-                                   y[:, None].expand(-1, k))
-            diff = _row_norms([g_[0] - o for g_, o in zip(got, own, strict=True)])
-            if not bool((diff <= TOL_ENGINE * (_row_norms(list(own)) + 1e-12)).all()):
-                return f"a trial's per-example gradients differ from its engine's by {float(diff.max()):.3g}"
     except Exception as e:
         return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    if engine_check:
+        for model, engine in zip(models, engines, strict=True):
+            failure = engine_agrees(model, engine, input_shape, num_classes, views, width=width, rows=max(sizes))
+            if failure is not None:
+                return failure
     return None
 
 
-def group_probe(configs: Sequence[TrialConfig], data: Splits, *, device: str | None = None,
-                lanes_per_call: int | None = None, sizes: Sequence[int] | None = None) -> dict[str, Any]:
-    """What a group of ``configs`` runs on ``device`` (a diagnostic: ``bench/gpu_group.py``): ``lanes_per_call``
-    (``run_group``'s default when None), whether its trials share their calls (``shared``; ``refused``: the
-    guard's reason when not) and, at each padded chunk size (``sizes``, default: every size the trials train
-    with), on synthetic inputs with the trials' own models, the max |Δ| of a lane's per-example gradients between a
-    call of every trial and a call of that trial alone (``count``: why calls have a fixed width), with the lanes
-    rolled by one (``position``) and with another lane's examples changed (``company``). 0 is bitwise; no sizes where
-    the group's computation raises."""
-    dev = torch.device(device or "cpu")
-    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else ACCELERATOR_LANES)
-    trials = [prepare(c, data, dev) for c in configs]
-    models = [t.run.model for t in trials]
-    views = trials[0].sched.views
+def engine_agrees(model: nn.Module, engine: VmapEngine, input_shape: tuple[int, ...], num_classes: int, views: int,
+                  *, width: int, rows: int) -> str | None:
+    """One trial's part of the guard, from its own model alone (so whether it shares its group's calls never
+    depends on the trials beside it): in a call of ``width`` lanes (copies of itself, as a group of one runs), its
+    per-example gradients at ``rows`` rows are its own engine's (the engine the clipping guard proved exact) up to
+    float32 rounding (``TOL_ENGINE`` of each gradient's norm). None when they are, else by how much they are not."""
     k = max(views, 1)
-    refused = None if per_call > 1 else "one trial per call: each trial's own engine"
-    if refused is None and not all(_groupable(t) for t in trials):
-        refused = "an engine other than whole-model vmap"
-    if refused is None:
-        refused = isolation(models, [t.run.engine for t in trials], tuple(data.input_shape),  # type: ignore[misc]
-                            data.num_classes, views, width=per_call, sizes=call_sizes(trials))
-    lanes = _Lanes(models[0])
-    gen = torch.Generator().manual_seed(7)
-    p0 = next(models[0].parameters())
-    g = len(models)
-
-    def chunk(n: int) -> Chunk:
-        x = torch.randn((n * k, *data.input_shape), generator=gen).to(dtype=p0.dtype, device=dev)
-        return Chunk(x, torch.randint(0, data.num_classes, (n,), generator=gen).to(dev), views, n)
-
-    def diff(a: list[torch.Tensor], i: int, b: list[torch.Tensor], j: int) -> float:
-        return max(float((ga[i] - gb[j]).abs().max()) for ga, gb in zip(a, b, strict=True))
-
-    rows: list[dict[str, float]] = []
-    if refused is not None and "fails" in refused:  # the group's computation raises: nothing to measure
-        return {"lanes_per_call": per_call, "shared": False, "refused": refused, "sizes": rows}
-    for n in sizes if sizes is not None else call_sizes(trials):
-        chunks = [chunk(n) for _ in models]
-        together, _ = lanes.gradients(models, chunks)
-        rolled, _ = lanes.gradients(models[1:] + models[:1], chunks[1:] + chunks[:1])
-        moved, _ = lanes.gradients(models, [chunk(n), *chunks[1:]])
-        rows.append({"rows": n,
-                     "count": max(diff(together, i, lanes.gradients([models[i]], [chunks[i]])[0], 0)
-                                  for i in range(g)),
-                     "position": max(diff(together, i, rolled, (i - 1) % g) for i in range(g)),
-                     "company": max((diff(together, i, moved, i) for i in range(1, g)), default=0.0)})
-    return {"lanes_per_call": per_call, "shared": refused is None, "refused": refused, "sizes": rows}
+    gen = torch.Generator().manual_seed(20261128)  # the same synthetic inputs for every trial
+    p0 = next(model.parameters())
+    x = torch.randn((rows * k, *input_shape), generator=gen).to(dtype=p0.dtype, device=p0.device)
+    y = torch.randint(0, num_classes, (rows,), generator=gen).to(p0.device)
+    try:
+        got, _ = _Lanes(model).gradients([model] * width, [Chunk(x, y, views, rows)] * width)
+        own, _ = engine._grads(tuple(p.detach() for p in engine.params), x.view(-1, k, *input_shape),
+                               y[:, None].expand(-1, k))
+    except Exception as e:
+        return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    diff = _row_norms([g_[0] - o for g_, o in zip(got, own, strict=True)])
+    if not bool((diff <= TOL_ENGINE * (_row_norms(list(own)) + 1e-12)).all()):
+        return f"a trial's per-example gradients differ from its engine's by {float(diff.max()):.3g}"
+    return None
 
 
 def _row_norms(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -300,14 +277,14 @@ def run_group(
                       on_epoch=h) for c, p, h in zip(configs, paths, hooks, strict=True)]
     outcomes: dict[int, Outcome] = {}
     per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else ACCELERATOR_LANES)
-    lanes = _shared(trials, data, per_call)
+    lanes, eligible = _shared(trials, data, per_call)
     gens: dict[int, Generator[Chunk, torch.Tensor, None]] = {i: t.chunks(data, t0) for i, t in enumerate(trials)}
     pending: dict[int, Chunk] = {}
     for i in list(gens):
         _advance(i, gens, pending, outcomes, None)
     while pending:
         order = sorted(pending)
-        losses = _round(trials, order, [pending[i] for i in order], lanes, per_call)
+        losses = _round(trials, order, [pending[i] for i in order], lanes, per_call, eligible)
         for i in order:
             loss = losses[i]
             if isinstance(loss, TrialCrash):
@@ -324,15 +301,22 @@ def run_group(
     return [outcomes[i] for i in range(g)]
 
 
-def _shared(trials: list[PreparedTrial], data: Splits, per_call: int) -> _Lanes | None:
-    """The group's function when calls take several trials and the trials pass ``isolation``; None: each trial's own
-    engine (at one trial per call, run_trial's computation exactly: nothing to share)."""
+def _shared(trials: list[PreparedTrial], data: Splits, per_call: int) -> tuple[_Lanes | None, frozenset[int]]:
+    """The group's function and the trials that run it, when calls take several trials and the group passes
+    ``isolation``'s lane and company checks (properties of the architecture's kernels at the calls' shapes, which
+    one architecture's trials share: ``architecture_key`` holds the chunk size); of those, the trials whose own
+    model passes ``engine_agrees`` (decided from the trial alone, never from the trials beside it). (None, {}):
+    each trial's own engine (at one trial per call, run_trial's computation exactly: nothing to share)."""
     if per_call <= 1 or not trials or not all(_groupable(t) for t in trials):
-        return None
-    failure = isolation([t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
-                        tuple(data.input_shape), data.num_classes, trials[0].sched.views, width=per_call,
-                        sizes=call_sizes(trials))
-    return _Lanes(trials[0].run.model) if failure is None else None
+        return None, frozenset()
+    views, shape = trials[0].sched.views, tuple(data.input_shape)
+    sizes = call_sizes(trials)
+    if isolation([t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
+                 shape, data.num_classes, views, width=per_call, sizes=sizes, engine_check=False) is not None:
+        return None, frozenset()
+    eligible = frozenset(i for i, t in enumerate(trials) if engine_agrees(
+        t.run.model, t.run.engine, shape, data.num_classes, views, width=per_call, rows=max(sizes)) is None)  # type: ignore[arg-type]
+    return (_Lanes(trials[0].run.model) if eligible else None), eligible
 
 
 def _crash(e: BaseException) -> TrialCrash:
@@ -355,17 +339,18 @@ def _advance(i: int, gens: dict[int, Generator[Chunk, torch.Tensor, None]], pend
 
 
 def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], lanes: _Lanes | None,
-           per_call: int) -> dict[int, torch.Tensor | TrialCrash]:
+           per_call: int, eligible: frozenset[int] = frozenset()) -> dict[int, torch.Tensor | TrialCrash]:
     """One physical chunk of each trial in ``order``: one vmapped computation per padded chunk size and at most
     ``per_call`` trials, every call ``per_call`` lanes wide (filled with copies of its first trial, their results
     unused: a call's shape never shows the group), replayed trial by trial (a group of one, filled the same way:
     bitwise the same, see ``isolation``) when it raises, so only a trial that raises alone crashes; without a
-    shared computation, each trial's own engine."""
+    shared computation (or for a trial not ``eligible`` for it), its own engine."""
     out: dict[int, torch.Tensor | TrialCrash] = {}
     if lanes is not None:
         sizes: dict[int, list[int]] = {}
         for j, c in enumerate(chunks):
-            sizes.setdefault(len(c.y), []).append(j)
+            if order[j] in eligible:
+                sizes.setdefault(len(c.y), []).append(j)
         calls = [same[k:k + per_call] for same in sizes.values() for k in range(0, len(same), max(per_call, 1))]
         for same in calls:
             try:
@@ -380,7 +365,7 @@ def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], l
         if i in out:
             continue
         try:
-            if lanes is not None:
+            if lanes is not None and i in eligible:
                 grads, losses = lanes.gradients([trials[i].run.model] * per_call, [c] * per_call)
                 out[i] = _fill(trials[i], grads, losses, 0, c.n_real)
             else:

@@ -2,7 +2,7 @@
 draw and the resources only, decided in the driver, never printed (the number and sizes of groups would bound K).
 
 Trials group when their configs share an architecture (``dpsgd.architecture_key``: model, groups, model kwargs,
-augmentation, clipping); each group is one Ray trial that trains its members as one computation
+augmentation, clipping, physical batch size); each group is one Ray trial that trains its members as one computation
 (``dpsgd.run_group``), each member exactly as if it ran alone. The members of one architecture are spread over as
 many groups as Ray can run at once (``slots``), longest first onto the least loaded group (a public cost: T steps ×
 physical chunks per step), so grouping never leaves a CPU idle that one-at-a-time trials would have used.
