@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from harness.synthetic import write_synthetic_cifar
 
-from dptune.config import TrialConfig, load_space
+from dptune.config import SearchSpace, TrialConfig, load_space
 from dptune.data import Splits, load_dataset
 from dptune.dpsgd import ACCELERATOR_LANES, TrialResult, group_probe, run_group, run_trial
 
@@ -51,18 +51,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 2**100 + 4400  # NOT PRIVATE: the same trials in every arm
 
 
-def configs(space_file: str, g: int, epochs: float, overrides: dict[str, Any]) -> list[TrialConfig]:
+def configs(space: SearchSpace, g: int, epochs: float, overrides: dict[str, Any]) -> list[TrialConfig]:
     """G configs of the space's default architecture: lr, batch size and σ spread over the space's ranges."""
-    space = load_space(ROOT / "search_spaces" / space_file)
     base = space.default.replace(epochs=epochs, score_noise=None, **overrides)
     lr = space.space.get("learning_rate")
-    lows = (lr.low, lr.high) if lr is not None and hasattr(lr, "low") else (base.learning_rate, base.learning_rate)
+    low, high = (lr.low, lr.high) if lr is not None and hasattr(lr, "low") else (base.learning_rate,) * 2
     batch = space.space.get("batch_size")
     batches = list(getattr(batch, "choices", [base.batch_size]))
     out = []
     for i in range(g):
         t = i / max(g - 1, 1)
-        out.append(base.replace(learning_rate=lows[0] * (lows[1] / lows[0]) ** t,
+        out.append(base.replace(learning_rate=low * (high / low) ** t,
                                 batch_size=int(batches[i % len(batches)]),
                                 noise_multiplier=1.0 + 1.0 * t, seed=SEED + i))
     return out
@@ -108,15 +107,15 @@ def bench_space(name: str, cfgs: list[TrialConfig], data: Splits, device: str, l
     group, t_group = _timed(lambda: run_group(fun, data, device=device, evaluate_test=True, return_model=True,
                                               lanes_per_call=lanes), device)
     print(f"  group ({lanes} lanes per call, shared computation: {shared}): {t_group:.1f} s", flush=True)
-    one, _ = _timed(lambda: run_group(fun[:1], data, device=device, return_model=True, lanes_per_call=lanes),
-                    device)
+    one = run_group(fun[:1], data, device=device, return_model=True, lanes_per_call=lanes)
     again = run_group(fun[:1], data, device=device, return_model=True, lanes_per_call=lanes)  # run-to-run floor
     assert all(isinstance(r, TrialResult) for r in [*alone, *alone_f, *group, *one, *again])
     acc_alone = [float(r.test_accuracy or 0.0) for r in alone]
     acc_group = [float(r.test_accuracy or 0.0) for r in group]
-    return {"space": name, "device": device, "trials": g, "lanes_per_call": lanes, "model": cfgs[0].model, "groups": cfgs[0].groups,
-            "epochs": cfgs[0].epochs, "configs": [{"learning_rate": c.learning_rate, "batch_size": c.batch_size,
-                                                  "noise_multiplier": c.noise_multiplier} for c in cfgs],
+    return {"space": name, "device": device, "trials": g, "lanes_per_call": lanes, "model": cfgs[0].model,
+            "groups": cfgs[0].groups, "epochs": cfgs[0].epochs,
+            "configs": [{"learning_rate": c.learning_rate, "batch_size": c.batch_size,
+                         "noise_multiplier": c.noise_multiplier} for c in cfgs],
             "steps": [r.steps for r in group], "alone_mode": alone[0].clipping_mode,
             "alone_s": t_alone, "alone_functorch_s": t_alone_f, "group_s": t_group, "shared": shared,
             "speedup_vs_alone": t_alone / t_group, "speedup_vs_alone_functorch": t_alone_f / t_group,
@@ -179,18 +178,18 @@ def main(argv: list[str] | None = None) -> int:
             if name == "mnist":
                 space = load_space(ROOT / "search_spaces" / "mnist.yaml")
                 data = load_dataset(replace(space.dataset, path=str(args.mnist.resolve())))
-                cfgs = configs("mnist.yaml", args.trials, args.mnist_epochs, phys)
+                cfgs = configs(space, args.trials, args.mnist_epochs, phys)
             elif name == "cifar10_resnet9":
                 folder = write_synthetic_cifar(Path(tmp) / "cifar-10-batches-py", per_batch=args.cifar_per_batch,
                                                n_test=min(2000, args.cifar_per_batch))
                 space = load_space(ROOT / "search_spaces" / "cifar10_resnet9.yaml")
                 data = load_dataset(replace(space.dataset, path=str(folder), pool_size=5 * args.cifar_per_batch,
                                             validation_size=min(1000, args.cifar_per_batch)))
-                cfgs = configs("cifar10_resnet9.yaml", args.trials, args.cifar_epochs, phys)
+                cfgs = configs(space, args.trials, args.cifar_epochs, phys)
             else:  # digits: the embedded default (the CPU smoke)
                 space = load_space(ROOT / "search_spaces" / "digits.yaml")
                 data = load_dataset(space.dataset)
-                cfgs = configs("digits.yaml", args.trials, 0.3 if args.smoke else 2.0, phys)
+                cfgs = configs(space, args.trials, 0.3 if args.smoke else 2.0, phys)
             results.append(bench_space(name, cfgs, data, args.device, args.lanes))
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({**meta, "results": results}, indent=2))

@@ -16,7 +16,7 @@ from dptune.config import TrialConfig
 from dptune.config.params import sampling_rate, trial_steps
 from dptune.data import Splits
 from dptune.dpsgd import run_trial
-from dptune.dpsgd._group import TrialCrash, isolation, run_group
+from dptune.dpsgd._group import TrialCrash, group_guard, run_group
 from dptune.dpsgd._trial import TrialResult, prepare
 from tests.conftest import importable_module
 
@@ -205,8 +205,7 @@ def dropout(tmp_path: Path) -> Iterator[Path]:
 
 def _probe(configs: list[TrialConfig], data: Splits) -> str | None:
     trials = [prepare(c, data, torch.device("cpu")) for c in configs]
-    engines: Any = [t.run.engine for t in trials]
-    return isolation([t.run.model for t in trials], engines, tuple(data.input_shape), data.num_classes, 0)
+    return group_guard(trials, data, len(trials))[1]
 
 
 def test_isolation_probe(digits: Splits, dropout: Path) -> None:

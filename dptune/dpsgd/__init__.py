@@ -9,8 +9,9 @@ Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-s
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
 checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step),
 ``_alc`` (adaptive layerwise clipping's per-layer clip norms, from public data only),
-``_group`` (several trials of one architecture as one computation: ``run_group``; ``_groupprobe``: what a group runs), ``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate bugs; only ``dptune.audit``
-uses them).
+``_group`` (several trials of one architecture as one computation: ``run_group``), ``_groupprobe`` (what a
+group runs: ``group_probe``), ``_audit`` (audit-only hooks: gradient canaries, per-step observation, deliberate
+bugs; only ``dptune.audit`` uses them).
 """
 
 # the engines of batch clipping and layerwise clipping register on import (dptune.dpsgd._engines.ENGINES)

@@ -9,9 +9,10 @@ Poisson sampler and every other random stream from its own entropy, its schedule
 the expensive part, each physical chunk's per-example gradients, is one function for the whole group: ``vmap``
 over trials (parameters stacked) of ``vmap`` over examples of ``grad`` — the functorch engine's own per-example
 function with the trials' parameters as one more batch dimension. How many trials one call takes is a performance
-choice made from public constants (``lanes_per_call``): ``ACCELERATOR_LANES`` on an accelerator; on a CPU one, and then each trial's own engine, since
-there a call over several trials' chunks measured slower than each trial's engine alone (``bench/search_walltime.py``):
-the group then shares the process, the data, the guard's probes and the Ray trial, not the arithmetic.
+choice made from public constants (``lanes_per_call``, ``default_lanes``): ``ACCELERATOR_LANES`` on an accelerator;
+on a CPU one, and then each trial's own engine, since there a call over several trials' chunks measured slower than
+each trial's engine alone (``bench/search_walltime.py``): the group then shares the process, the data, the guard's
+probes and the Ray trial, not the arithmetic.
 
 Why a trial's numbers are its own. Each vmap lane computes one example's gradient under one trial's parameters;
 nothing in it sees another lane (no batch statistic, no random draw: ``randomness="error"``). The lanes' results are
@@ -30,14 +31,14 @@ included) where calls take several trials, or its own engine where they take one
 (``run_trial`` with ``clipping: functorch``): bitwise where the batched-parameter kernels are the per-example
 engine's (the MLP and the MNIST tanh CNN: the same parameters, score and measurements); within float32 rounding
 elsewhere (a 3x3 convolution with padding becomes a grouped convolution with another summation order: GN-CNN,
-~1e-7 per gradient coordinate), which ``isolation`` bounds at every group start.
+~1e-7 per gradient coordinate), which ``engine_agrees`` bounds for each trial at every group start.
 
 The guard. ``_trial.prepare`` runs the clipping guard for each trial (its whole-model vmap, proven exact for the
-model: each example moves its clipped sum by at most C). ``isolation`` adds what a group needs on top, on the
-trials' own models at the calls' real shapes: lanes independent of their place and their company bitwise (a group
-that fails it trains its trials one at a time with their own engines), and each trial's lanes within float rounding
-of the engine the guard proved, decided for each trial from its own model alone (``engine_agrees``: a trial that
-fails it runs its own engine while the others share), so whether a trial shares never depends on its company.
+model: each example moves its clipped sum by at most C). What a group needs on top (``group_guard``), on the trials'
+own models at the calls' real shapes: lanes independent of their place and their company bitwise (``isolation``; a
+group that fails it trains its trials one at a time with their own engines), and each trial's lanes within float
+rounding of the engine the guard proved, decided for each trial from its own model alone (``engine_agrees``: a trial
+that fails it runs its own engine while the others share), so whether a trial shares never depends on its company.
 
 Crashes. A trial whose own code raises (its forward, its optimizer, its evaluation) is that trial's crash: it
 scores −∞ (``TrialCrash``), the others go on. When the group's shared computation raises, the round is replayed
@@ -63,8 +64,8 @@ from dptune.dpsgd._engines import VmapEngine
 from dptune.dpsgd._loop import Chunk, padded_size
 from dptune.dpsgd._trial import PreparedTrial, TrialResult, prepare
 
-__all__ = ["ACCELERATOR_LANES", "TrialCrash", "architecture_key", "call_sizes", "engine_agrees", "isolation",
-           "run_group"]
+__all__ = ["ACCELERATOR_LANES", "TrialCrash", "architecture_key", "call_sizes", "default_lanes", "engine_agrees",
+           "group_guard", "isolation", "run_group"]
 
 # the lanes of every shared call on an accelerator: a public constant, never the group's size (which K decides);
 # a call with fewer trials is filled with copies of its first (their results unused)
@@ -75,6 +76,11 @@ TOL_ENGINE = 1e-4  # a lane against its trial's own engine: float32 rounding of 
 # then probes the same shapes for every group of the architecture; every other field is the trial's own
 ARCHITECTURE = ("model", "groups", "scale_norm", "model_kwargs", "fix_batchnorm", "augmult", "clipping",
                 "physical_batch_size")
+
+
+def default_lanes(device: torch.device) -> int:
+    """``run_group``'s lanes per call on ``device`` (public: never the group's size)."""
+    return 1 if device.type == "cpu" else ACCELERATOR_LANES
 
 
 def architecture_key(config: TrialConfig) -> tuple[Any, ...]:
@@ -155,17 +161,14 @@ def call_sizes(trials: Sequence[PreparedTrial]) -> list[int]:
     return sorted({padded_size(n) for n in range(1, top + 1)})
 
 
-def isolation(models: Sequence[nn.Module], engines: Sequence[VmapEngine], input_shape: tuple[int, ...],
-              num_classes: int, views: int, *, width: int | None = None, sizes: Sequence[int] = (4,),
-              engine_check: bool = True) -> str | None:
-    """The group's guard, on synthetic inputs (no data is read), with the trials' own models, at every call shape
-    the group runs (``width`` lanes, as ``_round`` pads every call; each of ``sizes`` rows): (1) a trial's
-    per-example gradients do not depend on its lane (the call's lanes rolled by one: bitwise the same); (2) nor on
-    its company (trial 0 with every other lane a copy of itself, as a group of one's call: bitwise the same as in
-    the group; another lane's examples changed: bitwise unchanged); (3) each trial's lanes compute its own engine's
-    per-example gradients (the engine the clipping guard proved exact), up to float32 rounding (``TOL_ENGINE`` of
-    each gradient's norm), at the largest size (``engine_agrees``, each trial alone; ``engine_check`` False: (1)
-    and (2) only). None when all hold, else what failed.
+def isolation(models: Sequence[nn.Module], input_shape: tuple[int, ...], num_classes: int, views: int, *,
+              width: int | None = None, sizes: Sequence[int] = (4,)) -> str | None:
+    """The group's part of its guard, on synthetic inputs (no data is read), with the trials' own models, at every
+    call shape the group runs (``width`` lanes, as ``_round`` pads every call; each of ``sizes`` rows): (1) a
+    trial's per-example gradients do not depend on its lane (the call's lanes rolled by one: bitwise the same); (2)
+    nor on its company (trial 0 with every other lane a copy of itself, as a group of one's call: bitwise the same
+    as in the group; another lane's examples changed: bitwise unchanged). None when both hold, else what failed.
+    Each trial's own part is ``engine_agrees``; both together: ``group_guard``.
 
     Why the width is fixed: a batched kernel can sum in another order when the number of lanes changes (measured:
     ResNet-9 on a CPU, a lane's gradients moved by up to 8e-2 between calls of 1 and 3 lanes, where 4-row
@@ -206,11 +209,6 @@ def isolation(models: Sequence[nn.Module], engines: Sequence[VmapEngine], input_
                     return f"at {n} rows changing an example of trial 0 changed trial {bad}'s gradients"
     except Exception as e:
         return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    if engine_check:
-        for model, engine in zip(models, engines, strict=True):
-            failure = engine_agrees(model, engine, input_shape, num_classes, views, width=width, rows=max(sizes))
-            if failure is not None:
-                return failure
     return None
 
 
@@ -258,7 +256,8 @@ def run_group(
     what ``run_trial`` returns for it (bitwise, under whole-model vmap), or a ``TrialCrash`` (−∞) when its own
     computation raised. Set-up failures (a charge check, a refused model) raise for the whole group before any
     data is touched, as they do in ``run_trial``. A group whose trials cannot share the computation (another
-    engine, a model that draws random numbers, a failed ``isolation`` probe) trains them one at a time.
+    engine, a model that draws random numbers, a failed ``isolation`` probe) trains them one at a time, and a
+    trial that fails its own part of the guard (``engine_agrees``) runs its own engine beside the others.
 
     ``lanes_per_call``: the lanes of every vmapped call (default: ``ACCELERATOR_LANES`` on an accelerator, never
     the group's size; 1 on a CPU, where ``bench/search_walltime.py`` measured a call over several trials' chunks
@@ -276,7 +275,7 @@ def run_group(
     trials = [prepare(c, data, dev, sampling_basis=sampling_basis, charged_points=charged, checkpoint_path=p,
                       on_epoch=h) for c, p, h in zip(configs, paths, hooks, strict=True)]
     outcomes: dict[int, Outcome] = {}
-    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else ACCELERATOR_LANES)
+    per_call = lanes_per_call if lanes_per_call is not None else default_lanes(dev)
     lanes, eligible = _shared(trials, data, per_call)
     gens: dict[int, Generator[Chunk, torch.Tensor, None]] = {i: t.chunks(data, t0) for i, t in enumerate(trials)}
     pending: dict[int, Chunk] = {}
@@ -301,21 +300,29 @@ def run_group(
     return [outcomes[i] for i in range(g)]
 
 
+def group_guard(trials: Sequence[PreparedTrial], data: Splits, per_call: int) -> tuple[frozenset[int], str | None]:
+    """Which trials share the group's calls (``per_call`` lanes wide), and the first reason any does not (None: all
+    do). The group's part first (``isolation``'s lane and company checks: properties of the architecture's kernels at
+    the calls' shapes, which one architecture's trials share, ``architecture_key`` holding the chunk size), then each
+    trial's own (``engine_agrees``, decided from the trial alone, never from the trials beside it)."""
+    if per_call <= 1:
+        return frozenset(), "one trial per call: each trial's own engine"
+    if not trials or not all(_groupable(t) for t in trials):
+        return frozenset(), "an engine other than whole-model vmap"
+    views, shape, sizes = trials[0].sched.views, tuple(data.input_shape), call_sizes(trials)
+    failure = isolation([t.run.model for t in trials], shape, data.num_classes, views, width=per_call, sizes=sizes)
+    if failure is not None:
+        return frozenset(), failure
+    why = [engine_agrees(t.run.model, t.run.engine, shape, data.num_classes, views,  # type: ignore[arg-type]
+                         width=per_call, rows=max(sizes)) for t in trials]
+    return (frozenset(i for i, w in enumerate(why) if w is None),
+            next((f"trial {i}: {w}" for i, w in enumerate(why) if w is not None), None))
+
+
 def _shared(trials: list[PreparedTrial], data: Splits, per_call: int) -> tuple[_Lanes | None, frozenset[int]]:
-    """The group's function and the trials that run it, when calls take several trials and the group passes
-    ``isolation``'s lane and company checks (properties of the architecture's kernels at the calls' shapes, which
-    one architecture's trials share: ``architecture_key`` holds the chunk size); of those, the trials whose own
-    model passes ``engine_agrees`` (decided from the trial alone, never from the trials beside it). (None, {}):
-    each trial's own engine (at one trial per call, run_trial's computation exactly: nothing to share)."""
-    if per_call <= 1 or not trials or not all(_groupable(t) for t in trials):
-        return None, frozenset()
-    views, shape = trials[0].sched.views, tuple(data.input_shape)
-    sizes = call_sizes(trials)
-    if isolation([t.run.model for t in trials], [t.run.engine for t in trials],  # type: ignore[misc]
-                 shape, data.num_classes, views, width=per_call, sizes=sizes, engine_check=False) is not None:
-        return None, frozenset()
-    eligible = frozenset(i for i, t in enumerate(trials) if engine_agrees(
-        t.run.model, t.run.engine, shape, data.num_classes, views, width=per_call, rows=max(sizes)) is None)  # type: ignore[arg-type]
+    """The group's function and the trials that run it (``group_guard``); (None, {}): each trial's own engine (at
+    one trial per call, run_trial's computation exactly: nothing to share)."""
+    eligible, _ = group_guard(trials, data, per_call)
     return (_Lanes(trials[0].run.model) if eligible else None), eligible
 
 

@@ -10,7 +10,7 @@ import torch
 
 from dptune.config import TrialConfig
 from dptune.data import Splits
-from dptune.dpsgd._group import ACCELERATOR_LANES, _groupable, _Lanes, call_sizes, engine_agrees, isolation
+from dptune.dpsgd._group import _Lanes, call_sizes, default_lanes, group_guard
 from dptune.dpsgd._loop import Chunk
 from dptune.dpsgd._trial import prepare
 
@@ -20,30 +20,20 @@ __all__ = ["group_probe"]
 def group_probe(configs: Sequence[TrialConfig], data: Splits, *, device: str | None = None,
                 lanes_per_call: int | None = None, sizes: Sequence[int] | None = None) -> dict[str, Any]:
     """What a group of ``configs`` runs on ``device`` (a diagnostic: ``bench/gpu_group.py``): ``lanes_per_call``
-    (``run_group``'s default when None), whether its trials share their calls (``shared``: those in ``eligible``;
-    ``refused``: the guard's first reason for any that does not) and, at each padded chunk size (``sizes``, default: every size the trials train
-    with), on synthetic inputs with the trials' own models, the max |Δ| of a lane's per-example gradients between a
-    call of every trial and a call of that trial alone (``count``: why calls have a fixed width), with the lanes
-    rolled by one (``position``) and with another lane's examples changed (``company``). 0 is bitwise; no sizes where
-    the group's computation raises."""
+    (``run_group``'s default when None), which trials share their calls (``eligible``, ``shared`` when any;
+    ``refused``: the guard's first reason for any that does not: ``group_guard``, as ``run_group`` decides) and,
+    at each padded chunk size (``sizes``, default: every size the trials train with), on synthetic inputs with
+    the trials' own models, the max |Δ| of a lane's per-example gradients between a call of every trial and a call
+    of that trial alone (``count``: why calls have a fixed width), with the lanes rolled by one (``position``) and
+    with another lane's examples changed (``company``). 0 is bitwise; the table stops where the group's
+    computation raises (a group the guard refuses)."""
     dev = torch.device(device or "cpu")
-    per_call = lanes_per_call if lanes_per_call is not None else (1 if dev.type == "cpu" else ACCELERATOR_LANES)
+    per_call = lanes_per_call if lanes_per_call is not None else default_lanes(dev)
     trials = [prepare(c, data, dev) for c in configs]
+    eligible, refused = group_guard(trials, data, per_call)
     models = [t.run.model for t in trials]
     views = trials[0].sched.views
     k = max(views, 1)
-    refused = None if per_call > 1 else "one trial per call: each trial's own engine"
-    eligible: list[int] = []
-    if refused is None and not all(_groupable(t) for t in trials):
-        refused = "an engine other than whole-model vmap"
-    if refused is None:  # as _shared decides: the group's lane and company checks, then each trial's own
-        refused = isolation(models, [t.run.engine for t in trials], tuple(data.input_shape),  # type: ignore[misc]
-                            data.num_classes, views, width=per_call, sizes=call_sizes(trials), engine_check=False)
-    if refused is None:
-        why = [engine_agrees(t.run.model, t.run.engine, tuple(data.input_shape), data.num_classes,  # type: ignore[arg-type]
-                             views, width=per_call, rows=max(call_sizes(trials))) for t in trials]
-        eligible = [i for i, w in enumerate(why) if w is None]
-        refused = next((f"trial {i}: {w}" for i, w in enumerate(why) if w is not None), None)
     lanes = _Lanes(models[0])
     gen = torch.Generator().manual_seed(7)
     p0 = next(models[0].parameters())
@@ -57,18 +47,19 @@ def group_probe(configs: Sequence[TrialConfig], data: Splits, *, device: str | N
         return max(float((ga[i] - gb[j]).abs().max()) for ga, gb in zip(a, b, strict=True))
 
     rows: list[dict[str, float]] = []
-    out = {"lanes_per_call": per_call, "shared": bool(eligible), "eligible": eligible, "refused": refused,
-           "sizes": rows}
-    if refused is not None and "fails" in refused:  # the group's computation raises: nothing to measure
-        return out
-    for n in sizes if sizes is not None else call_sizes(trials):
-        chunks = [chunk(n) for _ in models]
-        together, _ = lanes.gradients(models, chunks)
-        rolled, _ = lanes.gradients(models[1:] + models[:1], chunks[1:] + chunks[:1])
-        moved, _ = lanes.gradients(models, [chunk(n), *chunks[1:]])
-        rows.append({"rows": n,
-                     "count": max(diff(together, i, lanes.gradients([models[i]], [chunks[i]])[0], 0)
-                                  for i in range(g)),
-                     "position": max(diff(together, i, rolled, (i - 1) % g) for i in range(g)),
-                     "company": max((diff(together, i, moved, i) for i in range(1, g)), default=0.0)})
-    return out
+    try:
+        for n in sizes if sizes is not None else call_sizes(trials):
+            chunks = [chunk(n) for _ in models]
+            together, _ = lanes.gradients(models, chunks)
+            rolled, _ = lanes.gradients(models[1:] + models[:1], chunks[1:] + chunks[:1])
+            moved, _ = lanes.gradients(models, [chunk(n), *chunks[1:]])
+            rows.append({"rows": n,
+                         "count": max(diff(together, i, lanes.gradients([models[i]], [chunks[i]])[0], 0)
+                                      for i in range(g)),
+                         "position": max(diff(together, i, rolled, (i - 1) % g) for i in range(g)),
+                         "company": max((diff(together, i, moved, i) for i in range(1, g)), default=0.0)})
+    except Exception:
+        if refused is None:  # the guard ran this computation: a raise here is the probe's own bug
+            raise
+    return {"lanes_per_call": per_call, "shared": bool(eligible), "eligible": sorted(eligible), "refused": refused,
+            "sizes": rows}

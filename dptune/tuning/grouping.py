@@ -10,10 +10,10 @@ physical chunks per step), so grouping never leaves a CPU idle that one-at-a-tim
 On an accelerator, under ``clipping: auto``, a grouped trial runs whole-model vmap (``functorch``, the group's
 engine: vmapped calls over the members' chunks, each ``dpsgd._group.ACCELERATOR_LANES`` wide) where the clipping
 guard proves it exact for the model (``group_clipping``), the mode ``auto`` falls back to anyway; the sensitivity
-(C per example) and so the charge are the same. On a CPU a group runs each member's own engine (``run_group``'s ``lanes_per_call`` 1: one call over
-several trials measured slower there), so ``auto`` stays what the trial alone runs (book-keeping for the shipped
-CNNs, 1.3-1.6x faster than functorch on CPU: ``dptune.dpsgd.AUTO_CLIPPING``) and a member equals its trial alone
-bit for bit.
+(C per example) and so the charge are the same. On a CPU a group runs each member's own engine (``run_group``'s
+``lanes_per_call`` 1: one call over several trials measured slower there), so ``auto`` stays what the trial alone
+runs (book-keeping for the shipped CNNs, 1.3-1.6x faster than functorch on CPU: ``dptune.dpsgd.AUTO_CLIPPING``)
+and a member equals its trial alone bit for bit.
 """
 
 from __future__ import annotations
