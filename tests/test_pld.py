@@ -187,6 +187,33 @@ def test_calibration_meets_the_target_under_the_charged_bound_and_uses_less_nois
     assert A.certify(run(sigma), DELTA).accountant == "pld"
 
 
+@pytest.mark.parametrize("target", [1.0, 2.0, 6.0])
+def test_calibration_after_a_search_keeps_its_guarantee_in_few_probes(target: float) -> None:
+    """The final run's calibration after a composed search (the MNIST plan's shape): the guarantee under the
+    charged bound, in at most 14 RDP and 5 PLD evaluations (the plain bisection with a TIGHT_STEP walk took
+    16-19 and 6-10; every PLD evaluation is ~10-40 ms)."""
+    prior = [A.with_selection(A.stopping_rule("composed", mean=5).search_event(
+        A.trial_event(noise_multiplier=8.8, sampling_rate=0.032, steps=313, score_noise=None)), A.NoisyMaxDpEvent(9.0))]
+    q, steps = 256 / 9000, 352
+    calls = {"rdp": 0, "tight": 0}
+
+    def run(s: float) -> list[de.DpEvent]:
+        return [*prior, A.trial_event(noise_multiplier=s, sampling_rate=q, steps=steps, score_noise=None)]
+
+    def rdp(s: float) -> float:
+        calls["rdp"] += 1
+        return A.rdp_epsilon(run(s), DELTA)
+
+    def tight(s: float) -> float | None:
+        calls["tight"] += 1
+        return A.tight_epsilon(run(s), DELTA)
+
+    sigma = A.calibrate_tight(tight, upper_cost=rdp, target_epsilon=target, lo=1e-3, hi=1e6, rel_tol=2e-3)
+    assert sigma is not None
+    assert A.epsilon(run(sigma), DELTA) <= target < A.epsilon(run(sigma * (1 - 2e-3)), DELTA)
+    assert calls["rdp"] <= 14 and calls["tight"] <= 5, calls
+
+
 def test_calibrate_tight_keeps_the_guarantee_where_both_bounds_agree() -> None:
     """Where the cost is the upper bound itself (random stopping: RDP only) the RDP σ is returned as is."""
     trial = A.trial_event(noise_multiplier=1.0, sampling_rate=0.05, steps=200, score_noise=5.0)

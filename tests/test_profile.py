@@ -343,3 +343,57 @@ def test_cached_pairs_and_envelope_shared_by_stopping_rules_give_the_fresh_bound
     for x in arrays:
         with pytest.raises(ValueError, match="read-only"):
             x[0] = 0.0
+
+
+# --- the ε search: the bisection's own answer, in fewer evaluations ---------------------------------------------
+
+
+def _bisected(search: Any, delta: float) -> tuple[float, int]:
+    """search_profile_epsilon as it was written before the grid search (doubling, then bisection to
+    EPSILON_TOLERANCE): the reference answer, and how many δ evaluations it took."""
+    calls = [0]
+
+    def at(e: float) -> float:
+        calls[0] += 1
+        return float(search.delta(e))
+
+    if at(0.0) <= delta:
+        return 0.0, calls[0]
+    lo, hi = 0.0, 1.0
+    while at(hi) > delta:
+        lo, hi = hi, 2 * hi
+        if hi > 1000:
+            return math.inf, calls[0]
+    while hi - lo > P.EPSILON_TOLERANCE:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at(mid) > delta else (lo, mid)
+    return hi, calls[0]
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-7, 3e-3])
+def test_the_epsilon_search_returns_the_bisections_answer_in_fewer_evaluations(delta: float) -> None:
+    """The grid search returns the very float the bisection does (a certificate's ε is re-derived and compared
+    to 1e-6), on trials from a tiny ε to ε ≈ 60, and needs at most two thirds of its δ evaluations."""
+    trials = [A.trial_event(noise_multiplier=s, sampling_rate=q, steps=t, score_noise=n)
+              for s, q, t, n in [(2.0, 0.1, 20, 5.0), (0.9, 0.05, 400, None), (6.0, 0.02, 100, 10.0),
+                                 (0.6, 0.2, 300, 2.0)]]
+    ours = reference = 0
+    for trial, (mean, shape) in itertools.product(trials, RULES[:2]):
+        search = P._search(de.RepeatAndSelectDpEvent(trial, mean, shape))  # noqa: SLF001
+        expected, n = _bisected(search, delta)
+        reference += n
+        calls = [0]
+        original = search.delta
+
+        def counted(e: float, _f: Any = original, _calls: list[int] = calls) -> float:
+            _calls[0] += 1
+            return float(_f(e))
+
+        object.__setattr__(search, "delta", counted)  # the cached search is frozen: count on this instance
+        try:
+            got = search_profile_epsilon(de.RepeatAndSelectDpEvent(trial, mean, shape), delta)
+        finally:
+            object.__delattr__(search, "delta")
+        assert got == expected, (trial, mean, shape)
+        ours += calls[0]
+    assert ours <= 2 * reference / 3, (ours, reference)

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from dp_accounting import dp_event as de
 
 from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._events import trial_event
 from dptune.accounting._rdp import rdp_epsilon
+from dptune.accounting._roots import crossing
 from dptune.errors import ConfigError, check_delta, check_positive
 
 __all__ = ["calibrate_noise_multiplier", "calibrate_sigma", "calibrate_tight"]
@@ -33,6 +35,8 @@ __all__ = ["calibrate_noise_multiplier", "calibrate_sigma", "calibrate_tight"]
 SIGMA_MIN = 1e-3
 SIGMA_MAX = 1e6  # "a huge σ": beyond this the DP-SGD part costs ~nothing, so the prior events decide
 REL_TOL = 2e-3  # the returned σ is within 0.2% of the smallest fitting σ
+_WIDE = 20.0  # a wider bracket (hi/lo) is bisected: ε far from the target is no guide (a prior's ε, a floor)
+_NEAR = 1.1  # a bracket this narrow (hi/lo) is where a guess's error is about rel_tol: close it from above
 TIGHT_STEP = 0.85  # calibrate_tight's step below the RDP σ: PLD saves 3-15 % of σ on dptune's events
 
 
@@ -43,39 +47,70 @@ def calibrate_sigma(cost: Callable[[float], float], *, target_epsilon: float, lo
     ``cost`` must not increase with σ (a NaN cost counts as not fitting). Guarantee: the result σ has
     ``cost(σ) <= target_epsilon`` and either σ = ``lo`` (even the lower bound fits) or
     ``cost(σ·(1 − rel_tol)) > target_epsilon``; ``None`` when even ``cost(hi)`` exceeds the target.
-    Bisection in log σ, keeping cost(lo) > target >= cost(hi): ⌈log₂(log(hi/lo) / log(1 + rel_tol))⌉ + 2 calls.
+    A bracket search in log σ (:func:`_bisect`), keeping cost(lo) > target >= cost(hi).
     """
+    found = _calibrate(cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=rel_tol)
+    return None if found is None else found.sigma
+
+
+@dataclass(frozen=True)
+class _Bracket:
+    """The end of a calibration: ``sigma`` fits (cost ``cost``); ``below`` (cost ``cost_below``) does not, and
+    sigma/below <= 1 + rel_tol — or ``below`` is NaN when ``sigma`` is the search's lower bound."""
+
+    sigma: float
+    cost: float
+    below: float
+    cost_below: float
+
+
+def _calibrate(cost: Callable[[float], float], *, target_epsilon: float, lo: float, hi: float,
+               rel_tol: float) -> _Bracket | None:
     if not (0 < lo < hi and math.isfinite(hi) and 0 < rel_tol < 1):
         raise ValueError(f"need 0 < lo < hi < inf and 0 < rel_tol < 1, got {lo}, {hi}, {rel_tol}")
-    if not cost(hi) <= target_epsilon:
+    c_hi = cost(hi)
+    if not c_hi <= target_epsilon:
         return None
-    if cost(lo) <= target_epsilon:
-        return lo
-    return _bisect(cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=rel_tol)
+    c_lo = cost(lo)
+    if c_lo <= target_epsilon:
+        return _Bracket(lo, c_lo, math.nan, math.nan)
+    return _bisect(cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=rel_tol, c_lo=c_lo, c_hi=c_hi)
 
 
-def _bisect(cost: Callable[[float], float], *, target_epsilon: float, lo: float, hi: float, rel_tol: float) -> float:
-    """Bracket search in log σ from cost(lo) > target >= cost(hi), the bracket kept at every step, until
-    hi/lo <= 1 + rel_tol. Each probe is the bisection point, or — when both ends' costs are known and the last
-    probe at least halved the bracket — the interpolated crossing (ε is smooth in log σ), nudged by rel_tol/2
-    towards the side it is expected to fit, and kept rel_tol inside the bracket: 3-5 probes instead of ~9."""
-    c_lo = c_hi = math.nan
-    fast = False
-    while hi / lo > 1.0 + rel_tol:  # then σ·(1 − rel_tol) < σ/(1 + rel_tol) <= lo, which does not fit
+def _bisect(cost: Callable[[float], float], *, target_epsilon: float, lo: float, hi: float, rel_tol: float,
+            c_lo: float = math.nan, c_hi: float = math.nan) -> _Bracket:
+    """Bracket search in log σ from cost(lo) > target >= cost(hi) (``c_lo``, ``c_hi``: those costs where known),
+    the bracket kept at every step, until hi/lo <= 1 + rel_tol. While hi/lo >= ``_WIDE`` a probe is the bisection
+    point; then the expected crossing of log ε (``_roots.crossing``), nudged by rel_tol/2 to the side it is
+    expected to fit and kept rel_tol inside the bracket; once a guess fits in a bracket narrower than ``_NEAR``,
+    the next probe is hi/(1 + rel_tol), which closes it if the guess was good; the bisection point again after two
+    probes that did not halve the bracket. Measured on the MNIST space's plan (six calibrations): 65 RDP probes
+    instead of the plain bisection's 95, and 4 PLD probes per calibration instead of 6-10."""
+    step = 1.0 + rel_tol
+
+    def f(c: float) -> float:  # the crossing's coordinates: log σ, log(ε/target)
+        return math.log(c / target_epsilon) if c > 0 else -math.inf
+
+    replaced: tuple[float, float] | None = None  # the end the last probe replaced, (log σ, f): crossing()
+    slow, closing = 0, False
+    while hi / lo > step:  # then σ·(1 − rel_tol) < σ/(1 + rel_tol) <= lo, which does not fit
         width = math.log(hi / lo)
-        mid = math.sqrt(lo * hi)
-        if fast and math.isfinite(c_lo) and math.isfinite(c_hi) and c_lo > target_epsilon >= c_hi:
-            t = (c_lo - target_epsilon) / (c_lo - c_hi)
-            guess = lo * math.exp(t * width) * (1 + rel_tol / 2)
-            mid = min(max(guess, lo * (1 + rel_tol)), hi / (1 + rel_tol)) if hi / lo > (1 + rel_tol) ** 2 else (
-                hi / (1 + rel_tol))
-        c = cost(mid)
-        if c <= target_epsilon:
-            hi, c_hi = mid, c
+        guess = False
+        if closing or hi / lo <= step * step:
+            probe = hi / step  # closes the bracket if it does not fit (always, in the second case)
+        elif slow < 2 and hi / lo < _WIDE and (x := crossing(
+                (math.log(lo), f(c_lo)), (math.log(hi), f(c_hi)), replaced)) is not None:
+            probe, guess = min(max(math.exp(x) * (1 + rel_tol / 2), lo * step), hi / step), True
         else:
-            lo, c_lo = mid, c
-        fast = math.log(hi / lo) <= width / 2
-    return hi
+            probe = math.sqrt(lo * hi)
+        c = cost(probe)
+        if c <= target_epsilon:
+            replaced, hi, c_hi = (math.log(hi), f(c_hi)), probe, c
+        else:
+            replaced, lo, c_lo = (math.log(lo), f(c_lo)), probe, c
+        slow = slow + 1 if math.log(hi / lo) > width / 2 else 0
+        closing = guess and c <= target_epsilon and not closing and hi / lo < _NEAR
+    return _Bracket(hi, c_hi, lo, c_lo)
 
 
 def calibrate_tight(cost: Callable[[float], float | None], *, upper_cost: Callable[[float], float],
@@ -85,28 +120,41 @@ def calibrate_tight(cost: Callable[[float], float | None], *, upper_cost: Callab
     Both must not increase with σ.
 
     The σ that fits ``upper_cost`` fits the minimum. Below σ_u·(1 − ``rel_tol``) (σ_u: that σ) ``upper_cost``
-    does not fit (monotone), so there the minimum fits exactly when ``cost`` does: the search steps down by
-    ``TIGHT_STEP`` on ``cost`` alone until a σ does not fit (or ``lo`` does), then bisects that bracket.
-    ``None`` only when even the minimum at ``hi`` exceeds the target.
+    does not fit (monotone), so there the minimum fits exactly when ``cost`` does. The search on ``cost`` alone
+    first probes where it is expected to cross the target (``cost`` at σ_u·(1 − ``rel_tol``), followed down with
+    the slope of ``upper_cost`` at σ_u, a tolerance lower), then steps down by ``TIGHT_STEP`` until a σ does not
+    fit (or ``lo`` does), then bisects that bracket. ``None`` only when even the minimum at ``hi`` exceeds the
+    target.
     """
     def tight(sigma: float) -> float:
         c = cost(sigma)
         return math.inf if c is None else c
 
-    upper = calibrate_sigma(upper_cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=rel_tol)
+    upper = _calibrate(upper_cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=rel_tol)
     if upper is None:
         return calibrate_sigma(lambda s: min(upper_cost(s), tight(s)), target_epsilon=target_epsilon, lo=lo, hi=hi,
                                rel_tol=rel_tol)
-    if upper == lo or not tight(upper * (1 - rel_tol)) <= target_epsilon:
-        return upper  # neither bound fits at σ_u·(1 − rel_tol): the guarantee already holds
-    low = upper * (1 - rel_tol)  # fits
-    while True:  # step down until a σ does not fit (or lo fits): the bracket of the bisection
+    if upper.sigma == lo:
+        return lo
+    high = upper.sigma * (1 - rel_tol)
+    c_high = tight(high)
+    if not c_high <= target_epsilon:
+        return upper.sigma  # neither bound fits at σ_u·(1 − rel_tol): the guarantee already holds
+    # the first step down: where cost, with upper_cost's slope in log-log at σ_u, meets the target
+    low = high * TIGHT_STEP
+    if c_high > 0 and upper.cost > 0 and upper.cost_below > upper.cost:
+        slope = math.log(upper.cost_below / upper.cost) / math.log(upper.sigma / upper.below)
+        low = min(high, high * (c_high / target_epsilon) ** (1 / slope)) * (1 - rel_tol)
+    low = max(lo, low)
+    c_low = tight(low)
+    while c_low <= target_epsilon:  # step down until a σ does not fit (or lo fits): the bracket of the bisection
         if low <= lo:
             return lo
-        high, low = low, max(lo, low * TIGHT_STEP)
-        if not tight(low) <= target_epsilon:
-            break
-    return _bisect(tight, target_epsilon=target_epsilon, lo=low, hi=high, rel_tol=rel_tol)
+        high, c_high = low, c_low
+        low = max(lo, low * TIGHT_STEP)
+        c_low = tight(low)
+    return _bisect(tight, target_epsilon=target_epsilon, lo=low, hi=high, rel_tol=rel_tol, c_lo=c_low,
+                   c_hi=c_high).sigma
 
 
 def calibrate_noise_multiplier(prior_events: Sequence[de.DpEvent], *, sampling_rate: float, steps: int,

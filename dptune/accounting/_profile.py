@@ -56,7 +56,7 @@ on the RDP-based bounds.
 **Numerics.** Everything is an upper bound: f_α on [t_j, t_{j+1}] is bounded by φ'(R̄(t_{j+1}))·s − α φ'(t_j) on a
 grid holding every vertex of R̄ plus uniform steps in t and in R̄; the supremum of these lines is their upper
 envelope g (computed once), and f_α(s) = α·g(s/α)_+ for every α, so δ(ε) costs one pass over the loss grid; ε at
-δ is found by bisection (δ(ε) does not increase in ε) and rounded up.
+δ is what bisection finds (δ(ε) does not increase in ε), rounded up to its grid (``_roots.bisected_epsilon``).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from dp_accounting import dp_event as de
 from dptune.accounting._events import WorstCaseDpEvent, event_from_json, event_to_json
 from dptune.accounting._pld import has_pld, pld_of
 from dptune.accounting._pldlib import fftconvolve
+from dptune.accounting._roots import bisected_epsilon
 from dptune.accounting._stopping import tnb_gamma
 
 __all__ = ["has_profile", "pgf_derivative", "profile_delta", "profile_epsilon", "search_profile_delta",
@@ -326,18 +327,7 @@ def search_profile_epsilon(event: de.DpEvent, delta: float) -> float:
     if not has_profile(event):
         raise ValueError(f"no privacy-profile bound for {type(event).__name__}")
     assert isinstance(event, de.RepeatAndSelectDpEvent)
-    search = _search(event)
-    if search.delta(0.0) <= delta:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while search.delta(hi) > delta:
-        lo, hi = hi, 2 * hi
-        if hi > 1000:
-            return math.inf
-    while hi - lo > EPSILON_TOLERANCE:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if search.delta(mid) > delta else (lo, mid)
-    return hi
+    return bisected_epsilon(_search(event).delta, delta, tolerance=EPSILON_TOLERANCE)
 
 
 @functools.lru_cache(maxsize=16)
