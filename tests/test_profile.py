@@ -397,3 +397,41 @@ def test_the_epsilon_search_returns_the_bisections_answer_in_fewer_evaluations(d
         assert got == expected, (trial, mean, shape)
         ours += calls[0]
     assert ours <= 2 * reference / 3, (ours, reference)
+
+
+def _plain_envelope(c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The upper envelope as first written (list appends and pops): the reference for the preallocated stack."""
+    order = np.lexsort((d, c))
+    c, d = c[order], d[order]
+    first = np.concatenate([[True], np.diff(c) > 0])
+    c, d = c[first], d[first]
+    hc: list[float] = []
+    hd: list[float] = []
+    hb: list[float] = []
+    for cj, dj in zip(c.tolist(), d.tolist(), strict=True):
+        start = 0.0
+        while hc:
+            start = (dj - hd[-1]) / (cj - hc[-1])
+            if start <= hb[-1]:
+                hc.pop()
+                hd.pop()
+                hb.pop()
+                start = 0.0
+                continue
+            break
+        hc.append(cj)
+        hd.append(dj)
+        hb.append(max(start, 0.0))
+    return np.asarray(hb), np.asarray(hc), np.asarray(hd)
+
+
+@pytest.mark.parametrize(("mean", "shape"), RULES[:2])
+def test_the_line_envelope_is_the_plain_one_byte_for_byte(mean: float, shape: float) -> None:
+    """The envelope of a trial's lines (~29,000, half of them kept) equals the plain algorithm's bytes."""
+    trial = A.trial_event(noise_multiplier=0.9, sampling_rate=0.05, steps=400, score_noise=None)
+    key = P._component_keys(trial)[0]
+    dphi = pgf_derivative(mean=mean, shape=shape)
+    c, d = P._lines(P._envelope_roc_cached((key,), 0), dphi)
+    ours, plain = P._upper_envelope(c, d), _plain_envelope(c, d)
+    assert len(c) > 10_000 and 0 < len(plain[0]) < len(c)
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(ours, plain, strict=True))

@@ -241,24 +241,25 @@ def _upper_envelope(c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarra
     c, d = c[order], d[order]
     first = np.concatenate([[True], np.diff(c) > 0])
     c, d = c[first], d[first]
-    hc: list[float] = []
-    hd: list[float] = []
-    hb: list[float] = []  # where each kept line starts to be the highest
+    # the kept lines are a stack, its first m slots (preallocated: half the time of list appends and pops, the same
+    # floats — max(start, 0.0) written out as Python's max evaluates it)
+    hc = [0.0] * len(c)
+    hd = [0.0] * len(c)
+    hb = [0.0] * len(c)  # where each kept line starts to be the highest
+    m = 0
     for cj, dj in zip(c.tolist(), d.tolist(), strict=True):
         start = 0.0
-        while hc:
-            start = (dj - hd[-1]) / (cj - hc[-1])  # crossing with the last kept line (steeper now)
-            if start <= hb[-1]:
-                hc.pop()
-                hd.pop()
-                hb.pop()
+        while m:
+            start = (dj - hd[m - 1]) / (cj - hc[m - 1])  # crossing with the last kept line (steeper now)
+            if start <= hb[m - 1]:
+                m -= 1
                 start = 0.0
                 continue
             break
-        hc.append(cj)
-        hd.append(dj)
-        hb.append(max(start, 0.0))
-    return np.asarray(hb), np.asarray(hc), np.asarray(hd)
+        hc[m], hd[m] = cj, dj
+        hb[m] = 0.0 if start < 0.0 else start
+        m += 1
+    return np.asarray(hb[:m]), np.asarray(hc[:m]), np.asarray(hd[:m])
 
 
 @dataclass(frozen=True)
