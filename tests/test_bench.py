@@ -238,3 +238,20 @@ def test_the_earlier_versions_rebuilt_from_the_shipped_files_keep_their_verdicts
                       "R5": [10, 20], "T5": [10, 20]}
     assert scaled == {**{f"{s}{v}": (None, False) for s in "RT" for v in "23"}, "R4": (None, True),
                       "T4": (None, True), "R5": (256, True), "T5": (256, True)}
+
+
+@pytest.mark.integration  # make test-slow (CI runs it): two plans of the digits space, ~3 s
+def test_the_plan_time_bench_times_this_checkout_against_a_revision(tmp_path: Path) -> None:
+    """``bench/plan_time.py --before HEAD``: the plan run from this checkout and from a worktree of HEAD, timed
+    side by side, their outputs compared (the same code here: the same output), the worktree removed after."""
+    def worktrees() -> list[str]:
+        return subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+
+    out = tmp_path / "plan_time.json"
+    ours = worktrees()
+    res = run_bench("bench/plan_time.py", "--spaces", "digits", "--repeats", "1", "--before", "HEAD", "--out", str(out))
+    row = json.loads(out.read_text())["spaces"][0]
+    assert row["space"] == "digits" and row["same_output"] is True, res.stdout
+    assert len(row["after_s"]) == len(row["before_s"]) == 1 and 0 < row["after_s"][0] < 60 and row["ratio"] > 0
+    assert "after/before" in res.stdout and "slowest: digits" in res.stdout
+    assert worktrees() == ours
