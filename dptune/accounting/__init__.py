@@ -7,7 +7,8 @@ function gives the ε dptune charges (:func:`epsilon`: the smaller valid bound; 
 accountant); stopping rules are the subclasses of :class:`StoppingRule` named in one catalogue
 (:func:`stopping_rule`).
 
-Modules, each importing only those above it: ``_lazy``; ``_convert`` (orders, RDP → ε/δ); ``_events``;
+Modules, each importing only those above it: ``_lazy``; ``_roots`` (the bracket searches' crossing guess);
+``_convert`` (orders, RDP → ε/δ); ``_events``;
 ``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the RDP interpreter); ``_pld`` (the
 PLD interpreter); ``_profile`` (random stopping from the trial's privacy profile); ``_mixed`` (RDP part ⊗ PLD
 part); ``_accountant`` (the interface and the minimum); ``_rules``;
