@@ -27,7 +27,7 @@ from dp_accounting import dp_event as de
 from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._events import trial_event
 from dptune.accounting._rdp import rdp_epsilon
-from dptune.accounting._roots import crossing
+from dptune.accounting._roots import crossing, log_ratio
 from dptune.errors import ConfigError, check_delta, check_positive
 
 __all__ = ["calibrate_noise_multiplier", "calibrate_sigma", "calibrate_tight"]
@@ -89,7 +89,7 @@ def _bisect(cost: Callable[[float], float], *, target_epsilon: float, lo: float,
     step = 1.0 + rel_tol
 
     def f(c: float) -> float:  # the crossing's coordinates: log σ, log(ε/target)
-        return math.log(c / target_epsilon) if c > 0 else -math.inf
+        return log_ratio(c, target_epsilon)
 
     replaced: tuple[float, float] | None = None  # the end the last probe replaced, (log σ, f): crossing()
     slow, closing = 0, False

@@ -13,9 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-__all__ = ["bisected_epsilon", "crossing"]
+__all__ = ["bisected_epsilon", "crossing", "log_ratio"]
 
 _DOUBLINGS = 10  # ε up to 2^9 = 512 is searched (the bracket [512, 1024] reaches above 1000: math.inf)
+
+
+def log_ratio(value: float, target: float) -> float:
+    """log(value/target), the coordinate :func:`crossing` meets 0 in: −∞ for a value of 0 or NaN (no line through
+    it)."""
+    return math.log(value / target) if value > 0 else -math.inf
 
 
 def crossing(lo: tuple[float, float], hi: tuple[float, float], previous: tuple[float, float] | None) -> float | None:
@@ -63,14 +69,14 @@ def _grid_crossing(delta_at: Callable[[float], float], delta: float, lo: float, 
     binary fractions, the floats the bisection computes), where δ <= ``delta``. Found from guesses of where log δ
     crosses (``_roots.crossing``), each a grid step to the side it is expected to fit, then the step below it,
     which closes the bracket if the guess was good; bisection when guesses stop halving the bracket. ~6
-    evaluations of δ instead of ~17; the same ε as long as δ(ε) decreases (tests/test_profile.py compares them): a certificate's ε is
-    re-derived and compared to 1e-6, so the answer must not move by a grid step."""
+    evaluations of δ instead of ~17; the same ε as long as δ(ε) decreases (tests/test_profile.py compares them):
+    a certificate's ε is re-derived and compared to 1e-6, so the answer must not move by a grid step."""
     n, width = 0, hi - lo
     while width > tolerance:
         width, n = width / 2, n + 1
 
     def f(d: float) -> float:
-        return math.log(d / delta) if d > 0 else -math.inf
+        return log_ratio(d, delta)
 
     j_lo, j_hi = 0, 2**n
     replaced: tuple[float, float] | None = None  # the end the last probe replaced, (j, log(δ/delta)): crossing()

@@ -65,7 +65,7 @@ from dptune.dpsgd._loop import Chunk, padded_size
 from dptune.dpsgd._trial import PreparedTrial, TrialResult, prepare
 
 __all__ = ["ACCELERATOR_LANES", "TrialCrash", "architecture_key", "call_sizes", "default_lanes", "engine_agrees",
-           "group_guard", "isolation", "run_group"]
+           "group_guard", "isolation", "run_group", "synthetic_chunk"]
 
 # the lanes of every shared call on an accelerator: a public constant, never the group's size (which K decides);
 # a call with fewer trials is filled with copies of its first (their results unused)
@@ -174,25 +174,18 @@ def isolation(models: Sequence[nn.Module], input_shape: tuple[int, ...], num_cla
     ResNet-9 on a CPU, a lane's gradients moved by up to 8e-2 between calls of 1 and 3 lanes, where 4-row
     probes of 2 lanes saw nothing). Were the calls as wide as the group, a trial's numbers would show how many
     trials share its group, and so K."""
-    k = max(views, 1)
     g = len(models)
     width = max(width or g, 1)
     gen = torch.Generator().manual_seed(20261127)
-    p0 = next(models[0].parameters())
     lanes = _Lanes(models[0])
     call_models = [models[i % g] for i in range(width)]
-
-    def inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn((n * k, *input_shape), generator=gen).to(dtype=p0.dtype, device=p0.device)
-        return x, torch.randint(0, num_classes, (n,), generator=gen).to(p0.device)
 
     def same(a: list[torch.Tensor], i: int, b: list[torch.Tensor], j: int) -> bool:
         return all(torch.equal(ga[i], gb[j]) for ga, gb in zip(a, b, strict=True))
 
     try:
         for n in sizes:
-            data = [inputs(n) for _ in range(width)]
-            chunks = [Chunk(x, y, views, n) for x, y in data]
+            chunks = [synthetic_chunk(gen, models[0], n, views, input_shape, num_classes) for _ in range(width)]
             grads, _ = lanes.gradients(call_models, chunks)
             if width > 1:
                 rolled, _ = lanes.gradients(call_models[1:] + call_models[:1], chunks[1:] + chunks[:1])
@@ -202,13 +195,13 @@ def isolation(models: Sequence[nn.Module], input_shape: tuple[int, ...], num_cla
                 solo, _ = lanes.gradients([call_models[0]] * width, [chunks[0]] * width)
                 if not same(grads, 0, solo, 0):
                     return f"at {n} rows trial 0's per-example gradients depend on the trials beside it"
-                x0, y0 = inputs(n)
-                moved, _ = lanes.gradients(call_models, [Chunk(x0, y0, views, n), *chunks[1:]])
+                changed = synthetic_chunk(gen, models[0], n, views, input_shape, num_classes)
+                moved, _ = lanes.gradients(call_models, [changed, *chunks[1:]])
                 bad = next((i for i in range(1, width) if not same(grads, i, moved, i)), None)
                 if bad is not None:
                     return f"at {n} rows changing an example of trial 0 changed trial {bad}'s gradients"
     except Exception as e:
-        return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return _fails(e)
     return None
 
 
@@ -220,19 +213,30 @@ def engine_agrees(model: nn.Module, engine: VmapEngine, input_shape: tuple[int, 
     float32 rounding (``TOL_ENGINE`` of each gradient's norm). None when they are, else by how much they are not."""
     k = max(views, 1)
     gen = torch.Generator().manual_seed(20261128)  # the same synthetic inputs for every trial
-    p0 = next(model.parameters())
-    x = torch.randn((rows * k, *input_shape), generator=gen).to(dtype=p0.dtype, device=p0.device)
-    y = torch.randint(0, num_classes, (rows,), generator=gen).to(p0.device)
+    chunk = synthetic_chunk(gen, model, rows, views, input_shape, num_classes)
     try:
-        got, _ = _Lanes(model).gradients([model] * width, [Chunk(x, y, views, rows)] * width)
-        own, _ = engine._grads(tuple(p.detach() for p in engine.params), x.view(-1, k, *input_shape),
-                               y[:, None].expand(-1, k))
+        got, _ = _Lanes(model).gradients([model] * width, [chunk] * width)
+        own, _ = engine._grads(tuple(p.detach() for p in engine.params), chunk.x.view(-1, k, *input_shape),
+                               chunk.y[:, None].expand(-1, k))
     except Exception as e:
-        return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return _fails(e)
     diff = _row_norms([g_[0] - o for g_, o in zip(got, own, strict=True)])
     if not bool((diff <= TOL_ENGINE * (_row_norms(list(own)) + 1e-12)).all()):
         return f"a trial's per-example gradients differ from its engine's by {float(diff.max()):.3g}"
     return None
+
+
+def synthetic_chunk(gen: torch.Generator, model: nn.Module, rows: int, views: int, input_shape: tuple[int, ...],
+                    num_classes: int) -> Chunk:
+    """A chunk of ``rows`` random examples (``views`` each) and labels from ``gen``, on ``model``'s device and dtype:
+    what the group's guard and ``group_probe`` compute on (no data is read)."""
+    p0 = next(model.parameters())
+    x = torch.randn((rows * max(views, 1), *input_shape), generator=gen).to(dtype=p0.dtype, device=p0.device)
+    return Chunk(x, torch.randint(0, num_classes, (rows,), generator=gen).to(p0.device), views, rows)
+
+
+def _fails(e: BaseException) -> str:
+    return f"the group's computation fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
 def _row_norms(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -361,9 +365,8 @@ def _round(trials: list[PreparedTrial], order: list[int], chunks: list[Chunk], l
         calls = [same[k:k + per_call] for same in sizes.values() for k in range(0, len(same), max(per_call, 1))]
         for same in calls:
             try:
-                fill = per_call - len(same)  # every call is per_call lanes wide: its shape never shows the group
-                grads, losses = lanes.gradients([trials[order[j]].run.model for j in same + [same[0]] * fill],
-                                                [chunks[j] for j in same + [same[0]] * fill])
+                wide = same + [same[0]] * (per_call - len(same))  # per_call lanes: its shape never shows the group
+                grads, losses = lanes.gradients([trials[order[j]].run.model for j in wide], [chunks[j] for j in wide])
                 out.update({order[j]: _fill(trials[order[j]], grads, losses, lane, chunks[j].n_real)
                             for lane, j in enumerate(same)})
             except Exception:

@@ -10,7 +10,7 @@ import torch
 
 from dptune.config import TrialConfig
 from dptune.data import Splits
-from dptune.dpsgd._group import _Lanes, call_sizes, default_lanes, group_guard
+from dptune.dpsgd._group import _Lanes, call_sizes, default_lanes, group_guard, synthetic_chunk
 from dptune.dpsgd._loop import Chunk
 from dptune.dpsgd._trial import prepare
 
@@ -33,15 +33,12 @@ def group_probe(configs: Sequence[TrialConfig], data: Splits, *, device: str | N
     eligible, refused = group_guard(trials, data, per_call)
     models = [t.run.model for t in trials]
     views = trials[0].sched.views
-    k = max(views, 1)
     lanes = _Lanes(models[0])
     gen = torch.Generator().manual_seed(7)
-    p0 = next(models[0].parameters())
     g = len(models)
 
     def chunk(n: int) -> Chunk:
-        x = torch.randn((n * k, *data.input_shape), generator=gen).to(dtype=p0.dtype, device=dev)
-        return Chunk(x, torch.randint(0, data.num_classes, (n,), generator=gen).to(dev), views, n)
+        return synthetic_chunk(gen, models[0], n, views, tuple(data.input_shape), data.num_classes)
 
     def diff(a: list[torch.Tensor], i: int, b: list[torch.Tensor], j: int) -> float:
         return max(float((ga[i] - gb[j]).abs().max()) for ga, gb in zip(a, b, strict=True))
