@@ -19,37 +19,28 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from harness.revisions import checkout, load_average
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _plan(checkout: Path, space: str) -> tuple[float, str]:
-    """(seconds, stdout) of ``python -m dptune.plan --space search_spaces/<space>.yaml`` run in ``checkout``; a space
-    the planner refuses without its data (status 2, e.g. a table's size) is reported as (nan, its error)."""
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+def _plan(tree: Path, space: str) -> tuple[float, str]:
+    """(seconds, stdout) of ``python -m dptune.plan --space search_spaces/<space>.yaml`` run in the checkout ``tree``;
+    a space the planner refuses without its data (status 2, e.g. a table's size) is reported as (nan, its error)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "dptune.plan", "--space", f"search_spaces/{space}.yaml"], cwd=checkout,
+    r = subprocess.run([sys.executable, "-m", "dptune.plan", "--space", f"search_spaces/{space}.yaml"], cwd=tree,
                        env=env, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - start
     if r.returncode == 2:
         return float("nan"), r.stderr.strip().splitlines()[-1]
     if r.returncode != 0:
-        raise SystemExit(f"dptune plan --space {space} failed in {checkout}:\n{r.stderr}")
+        raise SystemExit(f"dptune plan --space {space} failed in {tree}:\n{r.stderr}")
     return seconds, r.stdout
-
-
-def _worktree(rev: str, tmp: Path) -> Path:
-    path = tmp / "before"
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), rev], cwd=ROOT, check=True)
-    return path
-
-
-def _load() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def measure(spaces: list[str], repeats: int, before: Path | None) -> list[dict[str, Any]]:
@@ -96,15 +87,10 @@ def main() -> None:
     ap.add_argument("--before", metavar="REV", help="also time this git revision's dptune plan, interleaved")
     ap.add_argument("--out", help="write the measurements as JSON here")
     args = ap.parse_args()
-    result: dict[str, Any] = {"load_before": _load(), "before_rev": args.before, "repeats": args.repeats}
-    with tempfile.TemporaryDirectory() as tmp:
-        before = _worktree(args.before, Path(tmp)) if args.before else None
-        try:
-            result["spaces"] = measure(args.spaces, args.repeats, before)
-        finally:
-            if before is not None:
-                subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, check=False)
-    result["load_after"] = _load()
+    result: dict[str, Any] = {"load_before": load_average(), "before_rev": args.before, "repeats": args.repeats}
+    with checkout(args.before) as before:
+        result["spaces"] = measure(args.spaces, args.repeats, before)
+    result["load_after"] = load_average()
     slowest = max(result["spaces"], key=lambda r: statistics.median(r["after_s"]))
     print(f"slowest: {slowest['space']}, median {statistics.median(slowest['after_s']):.2f} s; load average "
           f"(1, 5, 15 min) {result['load_before']} before, {result['load_after']} after")

@@ -11,7 +11,7 @@ Two measurements, each space with a fixed (NOT PRIVATE) bench draw seed:
 - search: ``dptune search`` itself (a subprocess, local Ray with ``--num-cpus 2``), without and with
   ``--group-trials``: wall time, and the released config, certificate charge and every sealed trial row compared.
 
-    python -m bench.search_walltime [--seed 7] [--trainer-epochs 1] [--device cpu] [--no-search] [--smoke-test]
+    python bench/search_walltime.py [--seed 7] [--trainer-epochs 1] [--device cpu] [--no-search] [--smoke-test]
                                     [--before REV]
 
 The machine is shared (2 cores, other engineers' jobs running): timings carry their load; the result file says
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness.revisions import checkout, load_average
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = ("search_spaces/mnist_scaled.yaml", "search_spaces/mnist.yaml")
@@ -142,22 +143,11 @@ def _search(space_path: str, seed: int, grouped: bool, work: Path, smoke: bool, 
             "scores": [x["score"] for x in rows], "raw": [x["val_accuracy_raw"] for x in rows]}
 
 
-def _worktree(rev: str, tmp: Path) -> Path:
-    """A checkout of ``rev`` (``git worktree``, detached) under ``tmp``; pruned with it."""
-    path = tmp / "before"
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), rev], cwd=ROOT, check=True)
-    return path
-
-
 def _epochs_fixed(space_path: str) -> bool:
     """--smoke-test overrides the epochs, which a space that searches them refuses: it runs in full."""
     from dptune.config import load_space
 
     return "epochs" not in load_space(ROOT / space_path).space
-
-
-def _load() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def main() -> None:
@@ -174,15 +164,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_walltime.md"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    result: dict[str, Any] = {"command": "python -m bench.search_walltime " + " ".join(sys.argv[1:]),
-                              "load_before": _load(), "trainer": [], "search": []}
+    result: dict[str, Any] = {"command": "python bench/search_walltime.py " + " ".join(sys.argv[1:]),
+                              "load_before": load_average(), "trainer": [], "search": []}
     if not args.no_trainer:
         for s in args.spaces:
             result["trainer"].append(_trainer(s, args.seed, args.trainer_epochs, args.device))
             print(json.dumps(result["trainer"][-1], indent=1, default=str), flush=True)
     if not args.no_search:
-        with tempfile.TemporaryDirectory(prefix="dptune-walltime-") as tmp:
-            source = _worktree(args.before, Path(tmp)) if args.before else None  # pruned below
+        with tempfile.TemporaryDirectory(prefix="dptune-walltime-") as tmp, checkout(args.before) as source:
             for s in args.spaces:
                 before = _search(s, args.seed, False, Path(tmp), args.smoke_test, source) if source else None
                 alone = _search(s, args.seed, False, Path(tmp), args.smoke_test)
@@ -203,9 +192,7 @@ def main() -> None:
                 result["search"].append(entry)
                 print(json.dumps(entry, indent=1, default=str), flush=True)
                 Path(args.out).with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
-        if args.before:
-            subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
-    result["load_after"] = _load()
+    result["load_after"] = load_average()
     out = Path(args.out)
     out.write_text(_markdown(result))
     out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
