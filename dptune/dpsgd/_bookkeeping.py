@@ -18,6 +18,7 @@ carry zero loss weight and are left out of both. Ghost-optimizer API: p.grad hol
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -46,6 +47,30 @@ class _Layer:
     redo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input rows, output-gradient rows) for the second GEMM
 
 
+class _Workspace:
+    """CPU buffers kept from one backward to the next, one per (layer, use), for the step's large temporaries (the
+    patches, the stored per-example gradients). A fresh allocation of that size is mapped anew by glibc every step
+    (above its mmap threshold, at most 32 MiB) and its page faults cost about as much as the bmm that fills it.
+    Off the CPU the caching allocator already reuses memory: plain allocations there."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def take(self, key: tuple[int, str], shape: tuple[int, ...], like: torch.Tensor, zeroed: bool = False
+             ) -> torch.Tensor:
+        """A ``shape`` buffer; ``zeroed``: all zeros when new, and later what its user left there: a padded input
+        whose user writes only the interior keeps its zero border (one buffer per row shape, so the border stays
+        where it was)."""
+        if like.device.type != "cpu":
+            return like.new_zeros(shape) if zeroed else like.new_empty(shape)
+        if zeroed:
+            key = (*key, *shape[1:])
+        n, buf = math.prod(shape), self.buffers.get(key)
+        if buf is None or buf.numel() < n or buf.dtype != like.dtype:
+            buf = self.buffers[key] = like.new_zeros(n) if zeroed else like.new_empty(n)
+        return buf[:n].view(shape)
+
+
 @engine("bookkeeping")
 class BookKeepingEngine(Engine):
     """Book-keeping clipping for exactly Conv2d/Linear/GroupNorm models (module docstring)."""
@@ -61,6 +86,7 @@ class BookKeepingEngine(Engine):
         self.clip = max_grad_norm
         self.layers = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
         self.acts: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self.work = _Workspace()
         for m in self.layers:
             m.register_forward_hook(self._save)
 
@@ -104,8 +130,8 @@ class BookKeepingEngine(Engine):
         grads = torch.autograd.grad(losses.sum(), [self.acts[m][1] for m in self.layers])
         with torch.no_grad():
             sq, budget, plans = x.new_zeros(r), STORED_FLOATS, []
-            for m, g in zip(self.layers, grads, strict=True):  # padding rows: zero weight, left out
-                plan = self._norms(m, self.acts[m][0][:r * k], g[:r * k], r, k, sq, budget)
+            for i, (m, g) in enumerate(zip(self.layers, grads, strict=True)):  # padding rows: zero weight, left out
+                plan = self._norms(i, m, self.acts[m][0][:r * k], g[:r * k], r, k, sq, budget)
                 budget -= sum(t.numel() for _, t, _ in plan.stored)
                 plans.append(plan)
             # An example whose gradient norm is not finite (an overflow, a NaN) contributes exactly zero: a
@@ -128,7 +154,7 @@ class BookKeepingEngine(Engine):
     def _trains(p: object) -> bool:
         return isinstance(p, torch.Tensor) and p.requires_grad
 
-    def _norms(self, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor,
+    def _norms(self, i: int, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor,
                budget: int) -> _Layer:
         """Adds the layer's per-example squared gradient norms to ``sq`` (a frozen weight adds none)."""
         def per_example(t: torch.Tensor) -> torch.Tensor:  # per row -> per example (its K views summed)
@@ -145,7 +171,7 @@ class BookKeepingEngine(Engine):
             return _Layer(stored)
         if isinstance(m, nn.GroupNorm):
             xhat = F.group_norm(a, m.num_groups, eps=m.eps)
-            gw = per_example((g * xhat).reshape(g.shape[0], g.shape[1], -1).sum(2))
+            gw = per_example(torch.linalg.vecdot(g.flatten(2), xhat.flatten(2)))
             sq += gw.square().sum(1)
             return _Layer([*stored, (weight, gw, False)])
         if isinstance(m, nn.Conv2d):
@@ -161,11 +187,11 @@ class BookKeepingEngine(Engine):
             if grouped:
                 gw = per_example(_conv_per_row(cast(nn.Conv2d, m), a, g))
             else:
-                cols, gt = _rows(m, a, g, r, k)
-                gw = torch.bmm(gt, cols)  # (r, d_out, d_in): each example's weight gradient
+                cols, gt = _rows(m, a, g, r, k, self.work, i)
+                gw = torch.bmm(gt, cols, out=self.work.take((i, "stored"), (r, d_out, d_in), g))  # each example's
             sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
             return _Layer([*stored, (weight, gw, isinstance(m, nn.Conv2d) and not grouped)])
-        cols, gt = _rows(m, a, g, r, k)
+        cols, gt = _rows(m, a, g, r, k, self.work, i)
         if explicit:
             sq += torch.linalg.vector_norm(torch.bmm(gt, cols).reshape(r, -1), dim=1).square()
         else:  # ghost norm: <A A^T, G G^T>
@@ -190,11 +216,12 @@ class BookKeepingEngine(Engine):
             p.grad = torch.zeros_like(p)
 
 
-def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, work: _Workspace, i: int
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per example, its input rows A (r, T, d_in) and output gradients G^T (r, d_out, T): T counts positions and
-    views (a Linear's extra dims are positions). A conv's d_in is ordered (kh, kw, C_in): see ``_reorder``."""
+    views (a Linear's extra dims are positions). A conv's d_in is ordered (kh, kw, C_in): see ``_unfold``."""
     if isinstance(m, nn.Conv2d):
-        cols = _unfold(m, a)  # (rows, positions, d_in)
+        cols = _unfold(m, a, work, i)  # (rows, positions, d_in)
         gt = g.flatten(2)  # (rows, d_out, positions)
         if k > 1:
             gt = gt.view(r, k, *gt.shape[1:]).transpose(1, 2).reshape(r, gt.shape[1], -1)
@@ -202,14 +229,19 @@ def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int) -> tup
     return a.reshape(r, -1, a.shape[-1]), g.reshape(r, -1, g.shape[-1]).transpose(1, 2)
 
 
-def _unfold(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
-    """The conv's input patches (rows, positions, kh·kw·C_in): a channels-last strided view copied once (F.unfold's
-    im2col runs example by example on CPU, and its (C_in, kh, kw)-major layout makes the batched GEMM slow)."""
+def _unfold(m: nn.Conv2d, a: torch.Tensor, work: _Workspace, i: int) -> torch.Tensor:
+    """The conv's input patches (rows, positions, kh·kw·C_in): a channels-last strided view copied once, into the
+    workspace (F.unfold's im2col runs example by example on CPU, and its (C_in, kh, kw)-major layout makes the batched
+    GEMM slow)."""
     pad = cast(tuple[int, int], m.padding)
     (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-    x = F.pad(a.permute(0, 2, 3, 1), (0, 0, pad[1], pad[1], pad[0], pad[0]))  # (N, Hp, Wp, C)
+    n, c, h, w = a.shape
+    x = work.take((i, "padded"), (n, h + 2 * pad[0], w + 2 * pad[1], c), a, zeroed=True)  # (N, Hp, Wp, C)
+    x[:, pad[0]:pad[0] + h, pad[1]:pad[1] + w].copy_(a.permute(0, 2, 3, 1))
     x = x.unfold(1, dh * (kh - 1) + 1, sh).unfold(2, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]  # (N, Ho, Wo, C, kh, kw)
-    return x.permute(0, 1, 2, 4, 5, 3).reshape(a.shape[0], x.shape[1] * x.shape[2], -1)
+    x = x.permute(0, 1, 2, 4, 5, 3)
+    cols = work.take((i, "patches"), tuple(x.shape), a).copy_(x)
+    return cols.view(a.shape[0], x.shape[1] * x.shape[2], -1)
 
 
 def _conv_per_row(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -220,3 +252,4 @@ def _conv_per_row(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tenso
         g.reshape(1, n * c_out, *g.shape[2:]), a.reshape(1, n * c_in, *a.shape[2:]), a.new_empty(shape), None,
         m.stride, m.padding, m.dilation, False, (0, 0), n, (False, True, False))
     return gw.view(n, c_out, -1)
+

@@ -22,6 +22,7 @@ from torch import nn
 
 from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.config.params import sampling_rate
+from dptune.dpsgd._malloc import keep_freed_memory
 from dptune.dpsgd._optim import (
     ClippingDPOptimizer,
     GhostClippingModule,
@@ -253,6 +254,7 @@ def make_engine(mode: str, model: nn.Module, config: TrialConfig, noise: torch.G
     """The engine for ``mode`` with its DPOptimizer (noise_multiplier override: tests only); ``meter``
     records every noise addition the optimizer performs."""
     sigma = config.noise_multiplier if noise_multiplier is None else noise_multiplier
+    keep_freed_memory()  # a step's temporaries come back without page faults (_malloc)
     base = _base_optimizer(config, [p for p in model.parameters() if p.requires_grad])
     kw: dict[str, Any] = dict(noise_multiplier=sigma, max_grad_norm=config.max_grad_norm,
                               expected_batch_size=config.batch_size, loss_reduction="mean", generator=noise)

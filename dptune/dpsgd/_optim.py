@@ -136,6 +136,15 @@ class SummedDPOptimizer(DPOptimizerFastGradientClipping):
 
     meter: NoiseMeter | None = None
 
+    def accumulate(self) -> None:
+        # Opacus' accumulate, with a clone for its deepcopy of each first gradient (the same tensor, without
+        # deepcopy's Python machinery: about 1 ms per step on gn_cnn's 14 parameters)
+        for p in self.params:
+            if p.summed_grad is not None:  # type: ignore[attr-defined]
+                p.summed_grad.add_(p.grad)  # type: ignore[attr-defined]
+            else:
+                p.summed_grad = p.grad.detach().clone()  # type: ignore[attr-defined,union-attr]
+
     def add_noise(self) -> None:
         super().add_noise()
         if self.meter is not None:
