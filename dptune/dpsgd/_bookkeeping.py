@@ -56,7 +56,7 @@ class _Workspace:
     def __init__(self) -> None:
         self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
 
-    def take(self, key: tuple[int, str], shape: tuple[int, ...], like: torch.Tensor, zeroed: bool = False
+    def take(self, key: tuple[Any, ...], shape: tuple[int, ...], like: torch.Tensor, zeroed: bool = False
              ) -> torch.Tensor:
         """A ``shape`` buffer; ``zeroed``: all zeros when new, and later what its user left there: a padded input
         whose user writes only the interior keeps its zero border (one buffer per row shape, so the border stays
