@@ -4,7 +4,7 @@ The privacy-relevant numbers (q, σ, T) come from :mod:`dptune.config.params`, t
 too: q = sampling_rate(B, basis), T = trial_steps(epochs, B, basis) logical steps, counted here.
 
 Modules: ``_trial`` (run_trial), ``_loop`` (the epoch loop), ``_engines`` (per-sample gradient engines; book-keeping's in ``_bookkeeping``),
-``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
+``_malloc`` (glibc keeps a step's freed temporaries: no page faults each step), ``_streams`` (random streams), ``_state`` (trial state, checkpoint, model file),
 ``_release`` (the score's Gaussian mechanism), ``_optim`` (Opacus optimizers: noise measured,
 non-finite examples dropped), ``_charge`` (a trial refuses what was not charged), ``_validate`` (a model
 checked before anything is charged: BatchNorm, Opacus' ModuleValidator, one synthetic per-sample step),
