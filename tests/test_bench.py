@@ -255,3 +255,17 @@ def test_the_plan_time_bench_times_this_checkout_against_a_revision(tmp_path: Pa
     assert len(row["after_s"]) == len(row["before_s"]) == 1 and 0 < row["after_s"][0] < 60 and row["ratio"] > 0
     assert "after/before" in res.stdout and "slowest: digits" in res.stdout
     assert worktrees() == ours
+
+
+@pytest.mark.integration  # make test-slow (CI runs it): four 1-epoch digits trials in fresh processes, ~25 s
+def test_the_trial_walltime_bench_runs_whole_trials_of_both_revisions(tmp_path: Path) -> None:
+    """``bench/trial_walltime.py --before HEAD --quick``: one whole trial per process from this checkout and from a
+    worktree of HEAD, timed with its page faults counted; the same code here trains the same model (same accuracy)."""
+    out = tmp_path / "trial_walltime.json"
+    res = run_bench("bench/trial_walltime.py", "--cases", "digits", "--repeats", "1", "--quick", "--before", "HEAD",
+                    "--out", str(out))
+    row = json.loads(out.read_text())["cases"][0]
+    assert row["case"] == "digits" and row["same_accuracy"] is True, res.stdout
+    for run in row["after"] + row["before"]:
+        assert 0 < run["seconds"] < 120 and run["faults"] >= 0 and 0 <= run["val_accuracy"] <= 1
+    assert "before/after" in res.stdout
