@@ -252,4 +252,3 @@ def _conv_per_row(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tenso
         g.reshape(1, n * c_out, *g.shape[2:]), a.reshape(1, n * c_in, *a.shape[2:]), a.new_empty(shape), None,
         m.stride, m.padding, m.dilation, False, (0, 0), n, (False, True, False))
     return gw.view(n, c_out, -1)
-

@@ -4,9 +4,10 @@ of temporaries every step (activations, their gradients, the per-example gradien
 glibc serves each allocation above its mmap threshold (128 KiB, raised dynamically to at most 32 MiB as such
 blocks are freed) with a fresh ``mmap`` and gives it back on free, and trims the heap's free top beyond twice that
 threshold: the next step's allocation of the same size then takes a page fault per 4 KiB again. Measured on the
-2-core CPU (torch 2.14.1, 1 thread, gn_cnn book-keeping step at B 256): 2,000-11,000 minor faults per DP step,
-a third or more of the step's time (``bench/results/step_overhead.md``). A fixed mmap threshold of 32 MiB (the
-most glibc accepts) and a trim threshold of 1 GiB keep freed blocks in the heap for reuse: 0-60 faults per step.
+2-core CPU (torch 2.14.1, 1 thread, gn_cnn book-keeping step at B 256, a trial's process): about 5,000 minor faults
+per step. A fixed mmap threshold of 32 MiB (the most glibc accepts) and a trim threshold of 1 GiB keep freed blocks
+in the heap for reuse: 0-205 faults per step (``tests/test_dpsgd.py``), and a whole gn_cnn trial on digits 1.19x
+faster, 555k page faults down to 25k (``bench/results/trial_walltime.md``).
 
 Process-wide and idempotent; a trial's worker process is dptune's own. The cost is that the process keeps its
 peak heap until it exits (at most what one step needed at once). Elsewhere (musl, macOS) nothing is changed.
