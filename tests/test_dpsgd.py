@@ -264,7 +264,9 @@ def test_bookkeeping_reuses_its_buffers_exactly(digits: Splits, views: int) -> N
 def test_bookkeeping_steps_without_page_faults() -> None:
     """glibc hands a DP step's large temporaries back to the OS and maps them again on the next step, one page
     fault per 4 KiB (dptune.dpsgd._malloc); an engine built by make_engine keeps them. Measured in fresh processes:
-    a gn_cnn book-keeping step at B 256 with make_engine, and the same engine built without it (the control)."""
+    a gn_cnn book-keeping step at B 256 with make_engine, and the same engine built without it (the control). The
+    median step: a step now and then still faults once for a few MiB (the heap growing), in either build."""
+    import statistics
     import subprocess
     import sys
 
@@ -281,14 +283,15 @@ engine = make_engine("bookkeeping", model, config, torch.Generator()) if sys.arg
     BookKeepingEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), 1.0)
 for _ in range(3):
     engine.backward(x, y, 0)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(7):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     engine.backward(x, y, 0)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-    faults = {how: float(subprocess.run([sys.executable, "-c", script, how], capture_output=True, text=True,
-                                        check=True).stdout) for how in ("make_engine", "control")}
-    assert faults["make_engine"] < 1000 and faults["make_engine"] * 10 < faults["control"], faults
+    faults = {how: statistics.median(int(v) for v in subprocess.run(
+        [sys.executable, "-c", script, how], capture_output=True, text=True, check=True).stdout.split())
+        for how in ("make_engine", "control")}
+    assert faults["make_engine"] < 256 and faults["make_engine"] * 10 < faults["control"], faults
 
 
 def test_model_file_schema(small: Splits, tmp_path: Path) -> None:

