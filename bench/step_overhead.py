@@ -1,6 +1,7 @@
 """Step-time overhead of DP-SGD over non-private SGD, per clipping mode, measured interleaved.
 
     python bench/step_overhead.py [--quick] [--reps N] [--threads N] [--exact-batch] [--no-memory] [--out FILE]
+    python bench/step_overhead.py --ops MODEL [--reps N] [--threads N] [--out FILE]
 
 The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate
 q = B/N, split into physical batches of at most ``physical_batch_size`` rows by Opacus' BatchSplittingSampler,
@@ -13,6 +14,10 @@ For each model the non-private step and the DP step of every mode run round-robi
 noise hits all alike), each repetition on the same logical batch for every mode; the table shows median DP
 time / median non-private time. Also the peak RSS of a ResNet-9 DP step at physical batch 64 (in a fresh
 subprocess, so earlier runs don't count).
+
+``--ops MODEL`` profiles instead where the time goes: the non-private step and the book-keeping engine on exactly
+B rows, interleaved under torch.profiler, each op's self time per step side by side (the main ops by input shape),
+and each step's wall time; wall time less the ops' sum is Python, dispatch and autograd's own work.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from dptune.data import Splits
 from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_size
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
+CASES = (("gn_cnn", (1, 8, 8), 256, 30), ("tanh_cnn", (1, 28, 28), 256, 12),  # tanh_cnn: the MNIST spaces' model
+         ("resnet9", (3, 32, 32), 32, 8))  # model, input shape, B, default repetitions
 POOL = 8  # examples in the data = POOL · B, so q = 1 / POOL
 
 
@@ -73,7 +80,7 @@ def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int],
 
 
 def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool
-                ) -> tuple[dict[str, float], list[int], int]:
+                ) -> tuple[dict[str, float], tuple[float, float], list[int], int]:
     cfg = TrialConfig(model=model_name, batch_size=batch, clipping="hooks", noise_multiplier=1.0,
                       groups=16 if model_name == "resnet9" else 4)
     chunk = cfg.physical_batch_size
@@ -120,7 +127,79 @@ def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: 
     for idx in logical[2:]:
         for k, fn in steps.items():
             times[k].append(_timer(fn, idx))
-    return {k: statistics.median(v) for k, v in times.items()}, [len(b) for b in logical[2:]], chunk
+    med = {k: statistics.median(v) for k, v in times.items()}
+    # each repetition's book-keeping step over the non-private step run just before it: machine noise comes in
+    # phases of seconds, and this spread says how far one run's median ratio can be trusted
+    paired = sorted(d / p for d, p in zip(times["bookkeeping"], times["non-private"], strict=True))
+    quartiles = (paired[len(paired) // 4], paired[(3 * len(paired)) // 4])
+    return med, quartiles, [len(b) for b in logical[2:]], chunk
+
+
+def op_table(model_name: str, reps: int) -> list[str]:
+    """Per-op self time (ms per step) of the non-private step and the book-keeping step on the same B rows."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    shape, batch = next((s, b) for n, s, b, _ in CASES if n == model_name)
+    cfg = TrialConfig(model=model_name, batch_size=batch, noise_multiplier=1.0, groups=16 if model_name == "resnet9" else 4)
+    data = _fake_splits(shape, n=batch)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+    plain = init_model(cfg, data)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    engine = make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1))
+
+    def plain_step() -> None:
+        sgd.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(plain(x), y)
+        loss.backward()
+        float(loss.detach())
+        sgd.step()
+
+    def dp_step() -> None:
+        float(engine.backward(x, y, 0))
+        engine.optimizer.step()
+        engine.optimizer.zero_grad(set_to_none=True)
+
+    steps = {"non-private": plain_step, "bookkeeping": dp_step}
+    for _ in range(2):
+        for fn in steps.values():
+            fn()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(reps):
+            for name, fn in steps.items():
+                with record_function(name):
+                    fn()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.name in steps)
+    wall: dict[str, float] = defaultdict(float)
+    for start, end, name in spans:
+        wall[name] += (end - start) / reps / 1e3
+    ops: dict[str, dict[str, float]] = {name: defaultdict(float) for name in steps}
+    shaped = ("aten::convolution_backward", "aten::mkldnn_convolution", "aten::bmm", "aten::copy_",
+              "aten::native_group_norm", "aten::mm")
+    for e in prof.events():
+        if e.name in steps:
+            continue
+        start = e.time_range.start
+        owner = next((n for s0, s1, n in spans if s0 <= start and e.time_range.end <= s1), None)
+        if owner is not None:
+            key = f"{e.name} {e.input_shapes[:2]}" if e.name in shaped else e.name
+            ops[owner][key] += e.self_cpu_time_total / reps / 1e3
+    lines = [f"{model_name}, B {batch}, {reps} steps of each, interleaved; ms per step (self time)", "",
+             "| op | non-private | bookkeeping |", "|---|---|---|"]
+    keys = sorted(set(ops["non-private"]) | set(ops["bookkeeping"]),
+                  key=lambda k: -(ops["non-private"].get(k, 0.0) + ops["bookkeeping"].get(k, 0.0)))
+    for k in keys:
+        a, b = ops["non-private"].get(k, 0.0), ops["bookkeeping"].get(k, 0.0)
+        if a + b >= 0.1:
+            lines.append(f"| `{k}` | {a:.2f} | {b:.2f} |")
+    total = {n: sum(v.values()) for n, v in ops.items()}
+    lines += [f"| all ops | {total['non-private']:.2f} | {total['bookkeeping']:.2f} |",
+              f"| wall time | {wall['non-private']:.2f} | {wall['bookkeeping']:.2f} |",
+              f"| wall less ops (Python, dispatch, autograd) | {wall['non-private'] - total['non-private']:.2f} | "
+              f"{wall['bookkeeping'] - total['bookkeeping']:.2f} |"]
+    return lines
 
 
 def peak_rss_child() -> None:
@@ -146,6 +225,7 @@ def main() -> None:
     ap.add_argument("--exact-batch", action="store_true", help="the engine alone on exactly B rows")
     ap.add_argument("--no-memory", action="store_true", help="skip the ResNet-9 peak-RSS measurement")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    ap.add_argument("--ops", choices=[c[0] for c in CASES], help="per-op profile of one model (see above)")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -154,21 +234,27 @@ def main() -> None:
         peak_rss_child()
         return
     t0 = time.perf_counter()
-    cases = [("gn_cnn", (1, 8, 8), 256, 5 if args.quick else (args.reps or 30)),
-             ("tanh_cnn", (1, 28, 28), 256, 3 if args.quick else (args.reps or 12)),  # the MNIST spaces' model
-             ("resnet9", (3, 32, 32), 32, 2 if args.quick else (args.reps or 8))]
+    if args.ops:
+        lines = op_table(args.ops, args.reps or 20)
+        print("\n".join(lines))
+        if args.out:
+            args.out.write_text("\n".join(lines) + "\n")
+        return
+    cases = [(n, s, b, q if args.quick else (args.reps or r)) for n, s, b, r, q in
+             ((n, s, b, r, {"gn_cnn": 5, "tanh_cnn": 3, "resnet9": 2}[n]) for n, s, b, r in CASES)]
     what = "engine on exactly B rows" if args.exact_batch else "trial step: Poisson batch, physical chunks, padding, noise"
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; DP step = {what}; "
              "ratio = median DP step / median non-private step (interleaved)", "",
-             "| model | B | physical | reps | logical batch sizes | non-private ms | " + " | ".join(MODES) + " |",
-             "|---|---|---|---|---|---|" + "---|" * len(MODES)]
+             "| model | B | physical | reps | logical batch sizes | non-private ms | " + " | ".join(MODES)
+             + " | bookkeeping, quartiles of paired ratios |", "|---|---|---|---|---|---|" + "---|" * (len(MODES) + 1)]
     print(lines[0])
     for name, shape, batch, reps in cases:
-        med, sizes, chunk = bench_model(name, shape, batch, reps, args.exact_batch)
+        med, quartiles, sizes, chunk = bench_model(name, shape, batch, reps, args.exact_batch)
         base = med["non-private"]
         lines.append(f"| {name} | {batch} | {chunk} | {reps} | {min(sizes)}-{max(sizes)} (median "
                      f"{statistics.median(sizes):g}) | {base * 1e3:.1f} | "
-                     + " | ".join(f"{med[m] / base:.2f}x" for m in MODES) + " |")
+                     + " | ".join(f"{med[m] / base:.2f}x" for m in MODES)
+                     + " | {:.2f}-{:.2f}x |".format(*quartiles))
         print(lines[-1], flush=True)
     if not args.no_memory:
         out = subprocess.run([sys.executable, __file__, "--rss-child"], capture_output=True, text=True, check=True)

@@ -269,3 +269,19 @@ def test_the_trial_walltime_bench_runs_whole_trials_of_both_revisions(tmp_path: 
     for run in row["after"] + row["before"]:
         assert 0 < run["seconds"] < 120 and run["faults"] >= 0 and 0 <= run["val_accuracy"] <= 1
     assert "before/after" in res.stdout
+
+
+def test_the_step_overhead_profile_puts_the_per_example_work_on_the_dp_step_only(tmp_path: Path) -> None:
+    """``bench/step_overhead.py --ops gn_cnn``: the non-private and book-keeping steps profiled interleaved; the
+    per-example ``bmm`` of the second conv (256 rows, 64 x 288 per example) and the clip-factor GEMV are the DP step's
+    alone, both steps run the same forward convolution, and each step's ops fit inside its wall time."""
+    out = tmp_path / "ops.md"
+    run_bench("bench/step_overhead.py", "--ops", "gn_cnn", "--reps", "2", "--threads", "1", "--out", str(out))
+    cells = [[c.strip(" `") for c in line.strip("|").split("|")] for line in out.read_text().splitlines()
+             if line.startswith("| ") and not line.startswith("| op |")]
+    rows = {r[0]: [float(v) for v in r[1:]] for r in cells}
+    assert rows["aten::bmm [[256, 64, 64], [256, 64, 288]]"][0] == 0 < rows["aten::bmm [[256, 64, 64], [256, 64, 288]]"][1]
+    assert rows["aten::mm [[1, 256], [256, 18432]]"][0] == 0 < rows["aten::mm [[1, 256], [256, 18432]]"][1]
+    assert min(rows["aten::mkldnn_convolution [[256, 32, 8, 8], [64, 32, 3, 3]]"]) > 0
+    for ops, wall in zip(rows["all ops"], rows["wall time"], strict=True):
+        assert 0 < ops <= wall
