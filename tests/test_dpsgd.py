@@ -234,6 +234,62 @@ def test_bookkeeping_matches_functorch(digits: Splits, views: int) -> None:
         assert float(torch.cat([q.grad.flatten() for q in bk.params]).norm()) <= 0.5 * (1 + 1e-5)
 
 
+@pytest.mark.parametrize("shape", [(5, 8, 3, 4), (7, 6), (3, 4, 2, 2, 3)])
+def test_group_norm_rows_is_group_norm_and_gives_each_rows_gradients(shape: tuple[int, ...]) -> None:
+    """The book-keeping engine's GroupNorm (the batch as one row of N·C channels): nn.GroupNorm's output and input
+    gradient bit for bit, and the backward's per-row weight and bias gradients are each row's Σ g·x̂ and Σ g."""
+    from dptune.dpsgd._bookkeeping import _GroupNormRows
+
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(shape, generator=gen) * 3 + 2).requires_grad_()
+    g = torch.randn(shape, generator=gen)
+    norm = nn.GroupNorm(2, shape[1])
+    with torch.no_grad():
+        norm.weight.normal_(generator=gen), norm.bias.normal_(generator=gen)
+    expected = norm(x)
+    (dx_expected,) = torch.autograd.grad(expected, x, g)
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    y = _GroupNormRows.apply(x, norm.weight, norm.bias, 2, norm.eps, kept.append)
+    (dx,) = torch.autograd.grad(y, x, g)
+    assert torch.equal(y, expected) and torch.equal(dx, dx_expected)
+    dw, db = kept[0]
+    xhat = F.group_norm(x.detach(), 2, eps=norm.eps)
+    assert torch.allclose(dw, (g * xhat).reshape(shape[0], shape[1], -1).sum(2), atol=1e-5)
+    assert torch.allclose(db, g.reshape(shape[0], shape[1], -1).sum(2), atol=1e-5)
+
+
+@pytest.mark.parametrize("views", [0, 2])
+def test_bookkeeping_takes_group_norm_gradients_from_its_backward_or_recomputes_them(
+        digits: Splits, views: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GroupNorm after a trained layer gets its per-example gradients from its own backward; one on the input
+    (whose backward does not run: nothing before it needs a gradient) recomputes them. Both are functorch's."""
+    from dptune.dpsgd import _bookkeeping
+
+    def model() -> nn.Module:
+        torch.manual_seed(4)
+        return nn.Sequential(nn.GroupNorm(1, 1), nn.Conv2d(1, 6, 3, padding=1), nn.GroupNorm(3, 6), nn.Tanh(),
+                             nn.Flatten(), nn.Linear(6 * 64, 10))
+
+    calls: list[int] = []
+    original = _bookkeeping._GroupNormRows.backward
+    monkeypatch.setattr(_bookkeeping._GroupNormRows, "backward",
+                        staticmethod(lambda ctx, grad: calls.append(1) or original(ctx, grad)))
+    config = BASE.replace(max_grad_norm=0.2, augmult=views)
+    x, y = digits.train[0][:9], digits.train[1][:9]
+    if views:
+        x = augment_views(x, views, torch.Generator().manual_seed(0))
+    ref = make_engine("functorch", model(), config, torch.Generator(), noise_multiplier=0.0)
+    ref.backward(x, y, views, 7)  # last two rows: padding
+    ref.optimizer.clip_and_accumulate()
+    bk = make_engine("bookkeeping", model(), config, torch.Generator(), noise_multiplier=0.0)
+    assert isinstance(bk, _bookkeeping.BookKeepingEngine)
+    bk.backward(x, y, views, 7)
+    assert calls == [1]  # the second GroupNorm's backward; the first one's does not run
+    for p, q in zip(ref.params, bk.params, strict=True):
+        assert torch.allclose(p.summed_grad, q.grad, atol=1e-6), p.shape
+    assert all("forward" not in m.__dict__ for m in bk.model.modules())  # the forward is patched for one pass only
+
+
 @pytest.mark.parametrize("views", [0, 3])
 def test_bookkeeping_reuses_its_buffers_exactly(digits: Splits, views: int) -> None:
     """The engine keeps its patches, padded inputs and stored per-example gradients between steps (its CPU
