@@ -4,7 +4,7 @@
     python bench/step_overhead.py --ops MODEL [--reps N] [--threads N] [--out FILE]
 
 The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate
-q = B/N, split into physical batches of at most ``physical_batch_size`` rows by Opacus' BatchSplittingSampler,
+q = B/N, split into physical batches of at most ``physical_batch_size`` rows as the loop splits them,
 each padded to the loop's bucket size (``padded_size``; the padding rows carry zero weight), one engine backward
 per physical batch, then the optimizer's step: the Gaussian noise (measured, as a trial measures it) and the
 SGD update. ``--exact-batch`` times the engine on exactly B rows instead (no Poisson, no padding, no meter: the
@@ -33,12 +33,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from opacus.utils.batch_memory_manager import BatchSplittingSampler
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dptune.config import TrialConfig, clipping
 from dptune.data import Splits
-from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_size
+from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_size, physical_batches
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
 CASES = (("gn_cnn", (1, 8, 8), 256, 30), ("tanh_cnn", (1, 28, 28), 256, 12),  # tanh_cnn: the MNIST spaces' model
@@ -63,7 +62,7 @@ def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int],
     of at least B + 4 sqrt(B), else it runs hooks)."""
     opt = engine.optimizer
     split = clipping.mode(engine.mode).accumulates
-    chunks = BatchSplittingSampler(sampler=[idx], max_batch_size=chunk, optimizer=opt) if split else [idx]
+    chunks = physical_batches([idx], chunk, opt) if split else [idx]
     for rows in chunks:
         if len(rows) == 0:
             engine.empty()

@@ -396,3 +396,27 @@ def test_a_trial_warns_the_user_of_nothing_it_cannot_act_on(small: Splits, mode:
             warnings.warn("Full backward hook is firing when gradients are computed …", UserWarning, stacklevel=1)
             warnings.warn("the user's own", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["the user's own"]
+
+
+def test_physical_batches_are_full_chunks_and_a_rest_with_one_noised_step_per_logical_batch(digits: Splits) -> None:
+    """The loop's splitter: each logical batch as chunks of ``chunk`` examples and the rest, in order; the optimizer
+    adds its noise and steps once per logical batch (an empty one too), after its last chunk."""
+    from dptune.dpsgd import NoiseMeter, physical_batches
+
+    x, y = digits.train
+    batches = [list(range(0, 11)), [], list(range(20, 24)), list(range(30, 39))]
+    meter = NoiseMeter()
+    engine = make_engine("bookkeeping", init_model(BASE, digits), BASE, torch.Generator().manual_seed(0), meter=meter)
+    parts, additions = [], []
+    for part in physical_batches(batches, 4, engine.optimizer):
+        parts.append(part)
+        if part:
+            engine.backward(x[part], y[part], 0)
+        else:
+            engine.empty()
+        engine.optimizer.step()
+        engine.optimizer.zero_grad(set_to_none=True)
+        additions.append(meter.additions)
+    assert [len(p) for p in parts] == [4, 4, 3, 0, 4, 4, 4, 1]
+    assert [i for p in parts for i in p] == [i for b in batches for i in b]
+    assert additions == [0, 0, 1, 2, 3, 3, 3, 4]

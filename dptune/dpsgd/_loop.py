@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
-from opacus.utils.batch_memory_manager import BatchSplittingSampler
+from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dptune.config import clipping
 from dptune.data import augment_views
 from dptune.dpsgd._state import TrialRun
 
-__all__ = ["Chunk", "Schedule", "diverged", "epoch_chunks", "padded_size", "physical_chunk"]
+__all__ = ["Chunk", "Schedule", "diverged", "epoch_chunks", "padded_size", "physical_batches", "physical_chunk"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -58,6 +58,19 @@ def padded_size(n: int) -> int:
     return -(-n // step) * step
 
 
+def physical_batches(batches: Iterable[list[int]], chunk: int, optimizer: DPOptimizer) -> Iterator[list[int]]:
+    """Each logical batch as physical batches of ``chunk`` examples and one with the rest, the optimizer told before
+    each whether it ends its logical batch (Opacus' BatchSplittingSampler protocol: noise and the step only after
+    the last; an empty batch is one empty physical batch). Opacus splits into near-equal parts (287 rows: 144 + 143,
+    each padded to 144); full chunks and a rest (256 + 31, padded to 256 + 32) pad fewer rows and make one call at
+    full width: the gn_cnn trial's step 2-3 % faster, measured (bench/results/step_overhead.md)."""
+    for idx in batches:
+        parts = [idx[s:s + chunk] for s in range(0, len(idx), chunk)] or [idx]
+        for j, part in enumerate(parts):
+            optimizer.signal_skip_step(do_skip=j < len(parts) - 1)
+            yield part
+
+
 def epoch_chunks(run: TrialRun, train: Pair, sched: Schedule, device: torch.device
                  ) -> Generator[Chunk, torch.Tensor, float]:
     """One epoch as a generator: it yields each physical chunk whose per-example gradients it needs, and the
@@ -70,11 +83,10 @@ def epoch_chunks(run: TrialRun, train: Pair, sched: Schedule, device: torch.devi
     st = run.state
     epoch_steps = min(sched.steps_per_epoch, sched.steps - st.steps)
     poisson = _poisson(len(y_train), sched.sampling_rate, epoch_steps, run.streams.sampler)
-    # BatchMemoryManager's splitter: logical Poisson batch -> physical chunks, the optimizer only
-    # steps (and adds noise) after the last chunk. Ghost clipping cannot accumulate, and batch clipping's
-    # BatchNorm statistics are the logical batch's: no splitting.
-    batches = poisson if not clipping.mode(sched.clipping_mode).accumulates else BatchSplittingSampler(
-        sampler=poisson, max_batch_size=sched.chunk, optimizer=opt)
+    # logical Poisson batch -> physical chunks, the optimizer only steps (and adds noise) after the last chunk.
+    # Ghost clipping cannot accumulate, and batch clipping's BatchNorm statistics are the logical batch's: no splitting.
+    batches = physical_batches(poisson, sched.chunk, opt) if clipping.mode(sched.clipping_mode).accumulates \
+        else poisson
     named = run.named_params
     loss_sum, seen = 0.0, 0
     for idx in batches:
