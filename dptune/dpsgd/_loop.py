@@ -63,7 +63,7 @@ def physical_batches(batches: Iterable[list[int]], chunk: int, optimizer: DPOpti
     each whether it ends its logical batch (Opacus' BatchSplittingSampler protocol: noise and the step only after
     the last; an empty batch is one empty physical batch). Opacus splits into near-equal parts (287 rows: 144 + 143,
     each padded to 144); full chunks and a rest (256 + 31, padded to 256 + 32) pad fewer rows and make one call at
-    full width: the gn_cnn trial's step 2-3 % faster, measured (bench/results/step_overhead.md)."""
+    full width: the gn_cnn trial's step 1-3 % faster, paired (bench/results/step_overhead.md)."""
     for idx in batches:
         parts = [idx[s:s + chunk] for s in range(0, len(idx), chunk)] or [idx]
         for j, part in enumerate(parts):
