@@ -109,3 +109,41 @@ def test_a_grouped_ray_search_granted_a_gpu_runs_its_trials_on_it(tmp_path: Path
     rows = read_trials(found.run / "sealed" / "trials.parquet")
     assert len(rows) >= 2 and all(r.measured.get("device") == "cuda" for r in rows)
     assert all(r.steps == r.measured["noise_additions"] for r in rows)
+
+
+def test_bookkeeping_on_cuda_is_functorch_with_its_group_norms_from_their_backward(digits: Any) -> None:
+    """On CUDA the book-keeping engine's GroupNorms (_GroupNormRows: the batch as one row of N·C channels) give
+    nn.GroupNorm's output and input gradient, and the engine's clipped sum is functorch's (checked bit for bit on
+    CPU in the default suite; here to float tolerance, since CUDA reductions may order their sums differently)."""
+    from torch import nn
+
+    from dptune.dpsgd import init_model, make_engine
+    from dptune.dpsgd._bookkeeping import _GroupNormRows
+
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(64, 16, 8, 8, generator=gen) * 3 + 2).cuda().requires_grad_()
+    g = torch.randn(64, 16, 8, 8, generator=gen).cuda()
+    norm = nn.GroupNorm(4, 16).cuda()
+    expected = norm(x)
+    kept: list[Any] = []
+    got = _GroupNormRows.apply(x, norm.weight, norm.bias, 4, norm.eps, kept.append)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(expected, x, g)[0], atol=1e-4)
+    xhat = torch.nn.functional.group_norm(x.detach(), 4, eps=norm.eps)
+    assert torch.allclose(kept[0][0], (g * xhat).sum((2, 3)), atol=1e-3)
+
+    cfg = load_space(DIGITS).default.replace(max_grad_norm=0.5, seed=3)
+    xb, yb = digits.train[0][:40].cuda(), digits.train[1][:40].cuda()
+    sums = []
+    for mode in ("functorch", "bookkeeping"):
+        torch.manual_seed(0)
+        engine = make_engine(mode, init_model(cfg, digits).cuda(), cfg, torch.Generator(device="cuda"),
+                             noise_multiplier=0.0)
+        engine.backward(xb, yb, 0, 36)  # the last four rows: padding
+        if mode == "functorch":
+            engine.optimizer.clip_and_accumulate()
+            sums.append([p.summed_grad.view_as(p) for p in engine.params])
+        else:
+            sums.append([p.grad for p in engine.params])
+    for a, b in zip(*sums, strict=True):
+        assert torch.allclose(a, b, atol=1e-5), a.shape
