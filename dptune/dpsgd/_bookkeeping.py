@@ -187,16 +187,13 @@ class BookKeepingEngine(Engine):
     def _norms(self, i: int, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor,
                budget: int) -> _Layer:
         """Adds the layer's per-example squared gradient norms to ``sq`` (a frozen weight adds none)."""
-        def per_example(t: torch.Tensor) -> torch.Tensor:  # per row -> per example (its K views summed)
-            return t.view(r, k, *t.shape[1:]).sum(1) if k > 1 else t
-
         if isinstance(m, nn.GroupNorm):
             return self._group_norm_rows(m, a, g, r, k, sq)
         stored: list[tuple[nn.Parameter, torch.Tensor, bool]] = []
         weight, bias = cast(nn.Parameter, m.weight), cast("nn.Parameter | None", m.bias)
         if self._trains(bias):
-            gb = per_example(g.reshape(g.shape[0], g.shape[1], -1).sum(2) if not isinstance(m, nn.Linear)
-                             else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1))
+            gb = _per_example(g.reshape(g.shape[0], g.shape[1], -1).sum(2) if not isinstance(m, nn.Linear)
+                              else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1), r, k)
             sq += gb.square().sum(1)
             stored.append((cast(nn.Parameter, bias), gb, False))
         if not self._trains(weight):
@@ -212,7 +209,7 @@ class BookKeepingEngine(Engine):
         if explicit and r * weight.numel() <= budget:
             grouped = isinstance(m, nn.Conv2d) and positions >= GROUPED_MIN_POSITIONS  # oneDNN's grouped wgrad
             if grouped:
-                gw = per_example(_conv_per_row(cast(nn.Conv2d, m), a, g))
+                gw = _per_example(_conv_per_row(cast(nn.Conv2d, m), a, g), r, k)
             else:
                 cols, gt = _rows(m, a, g, r, k, self.work, i)
                 gw = torch.bmm(gt, cols, out=self.work.take((i, "stored"), (r, d_out, d_in), g))  # each example's
@@ -237,8 +234,7 @@ class BookKeepingEngine(Engine):
         stored: list[tuple[nn.Parameter, torch.Tensor, bool]] = []
         for p, per_row in ((m.bias, rows[1]), (m.weight, rows[0])):
             if self._trains(p):
-                t = per_row[:r * k]
-                t = t.view(r, k, -1).sum(1) if k > 1 else t  # per row -> per example (its K views summed)
+                t = _per_example(per_row[:r * k], r, k)
                 sq += t.square().sum(1)
                 stored.append((cast(nn.Parameter, p), t, False))
         return _Layer(stored)
@@ -288,6 +284,11 @@ class _GroupNormRows(torch.autograd.Function):
                                                                n * groups, [True, True, True])
         ctx.keep((dw.view(n, c), db.view(n, c)))
         return dx, None, None, None, None, None
+
+
+def _per_example(t: torch.Tensor, r: int, k: int) -> torch.Tensor:
+    """Per row -> per example: each example's K views summed (r examples)."""
+    return t.view(r, k, *t.shape[1:]).sum(1) if k > 1 else t
 
 
 def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, work: _Workspace, i: int
