@@ -40,8 +40,8 @@ from dptune.data import Splits
 from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_size, physical_batches
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
-CASES = (("gn_cnn", (1, 8, 8), 256, 30), ("tanh_cnn", (1, 28, 28), 256, 12),  # tanh_cnn: the MNIST spaces' model
-         ("resnet9", (3, 32, 32), 32, 8))  # model, input shape, B, default repetitions
+CASES = (("gn_cnn", (1, 8, 8), 256, 30, 5), ("tanh_cnn", (1, 28, 28), 256, 12, 3),  # tanh_cnn: the MNIST spaces'
+         ("resnet9", (3, 32, 32), 32, 8, 2))  # model, input shape, B, default repetitions, --quick repetitions
 POOL = 8  # examples in the data = POOL · B, so q = 1 / POOL
 
 
@@ -78,10 +78,35 @@ def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int],
         opt.zero_grad(set_to_none=True)
 
 
+def _config(model_name: str, batch: int) -> TrialConfig:
+    return TrialConfig(model=model_name, batch_size=batch, clipping="hooks", noise_multiplier=1.0,
+                       groups=16 if model_name == "resnet9" else 4)
+
+
+def _plain_step(cfg: TrialConfig, data: Splits, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    """Non-private SGD (momentum 0.9) on the rows x, y: the step a DP step is divided by."""
+    plain = init_model(cfg, data)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> None:
+        sgd.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(plain(x), y)
+        loss.backward()
+        float(loss.detach())  # as the trial logs it
+        sgd.step()
+    return step
+
+
+def _exact_step(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The engine alone on exactly the rows x, y: its backward and the optimizer's step."""
+    engine.backward(x, y, 0)
+    engine.optimizer.step()
+    engine.optimizer.zero_grad(set_to_none=True)
+
+
 def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool
                 ) -> tuple[dict[str, float], tuple[float, float], list[int], int]:
-    cfg = TrialConfig(model=model_name, batch_size=batch, clipping="hooks", noise_multiplier=1.0,
-                      groups=16 if model_name == "resnet9" else 4)
+    cfg = _config(model_name, batch)
     chunk = cfg.physical_batch_size
     data = _fake_splits(shape, n=batch)
     gen = torch.Generator().manual_seed(0)
@@ -94,27 +119,15 @@ def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: 
     if exact:
         logical = [list(range(batch))] * (reps + 2)
     xb, yb = x[:batch], y[:batch]
-
-    plain = init_model(cfg, data)
-    sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
-
-    def plain_step(_: list[int]) -> None:
-        sgd.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(plain(xb), yb)
-        loss.backward()
-        float(loss.detach())  # as the trial logs it
-        sgd.step()
-
-    steps: dict[str, Callable[[list[int]], None]] = {"non-private": plain_step}
+    plain_step = _plain_step(cfg, data, xb, yb)
+    steps: dict[str, Callable[[list[int]], None]] = {"non-private": lambda _: plain_step()}
     for mode in MODES:
         engine = make_engine(mode, init_model(cfg, data), cfg, torch.Generator().manual_seed(1),
                              meter=None if exact else NoiseMeter())
 
         def dp_step(idx: list[int], engine: Engine = engine) -> None:
             if exact:
-                engine.backward(xb, yb, 0)
-                engine.optimizer.step()
-                engine.optimizer.zero_grad(set_to_none=True)
+                _exact_step(engine, xb, yb)
             else:
                 trial_step(engine, x, y, idx, chunk)
 
@@ -140,28 +153,13 @@ def op_table(model_name: str, reps: int) -> list[str]:
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    shape, batch = next((s, b) for n, s, b, _ in CASES if n == model_name)
-    cfg = TrialConfig(model=model_name, batch_size=batch, noise_multiplier=1.0, groups=16 if model_name == "resnet9" else 4)
+    shape, batch = next((s, b) for n, s, b, _, _ in CASES if n == model_name)
+    cfg = _config(model_name, batch)
     data = _fake_splits(shape, n=batch)
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
-    plain = init_model(cfg, data)
-    sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
     engine = make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1))
-
-    def plain_step() -> None:
-        sgd.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(plain(x), y)
-        loss.backward()
-        float(loss.detach())
-        sgd.step()
-
-    def dp_step() -> None:
-        float(engine.backward(x, y, 0))
-        engine.optimizer.step()
-        engine.optimizer.zero_grad(set_to_none=True)
-
-    steps = {"non-private": plain_step, "bookkeeping": dp_step}
+    steps = {"non-private": _plain_step(cfg, data, x, y), "bookkeeping": lambda: _exact_step(engine, x, y)}
     for _ in range(2):
         for fn in steps.values():
             fn()
@@ -239,8 +237,7 @@ def main() -> None:
         if args.out:
             args.out.write_text("\n".join(lines) + "\n")
         return
-    cases = [(n, s, b, q if args.quick else (args.reps or r)) for n, s, b, r, q in
-             ((n, s, b, r, {"gn_cnn": 5, "tanh_cnn": 3, "resnet9": 2}[n]) for n, s, b, r in CASES)]
+    cases = [(n, s, b, q if args.quick else (args.reps or r)) for n, s, b, r, q in CASES]
     what = "engine on exactly B rows" if args.exact_batch else "trial step: Poisson batch, physical chunks, padding, noise"
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; DP step = {what}; "
              "ratio = median DP step / median non-private step (interleaved)", "",
