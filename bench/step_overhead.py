@@ -2,6 +2,7 @@
 
     python bench/step_overhead.py [--quick] [--reps N] [--threads N] [--exact-batch] [--no-memory] [--out FILE]
     python bench/step_overhead.py --ops MODEL [--reps N] [--threads N] [--out FILE]
+    python bench/step_overhead.py --layouts [--reps N] [--threads N] [--out FILE]
 
 The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate
 q = B/N, split into physical batches of at most ``physical_batch_size`` rows as the loop splits them,
@@ -15,6 +16,10 @@ noise hits all alike), each repetition on the same logical batch for every mode;
 time / median non-private time. Also the peak RSS of a ResNet-9 DP step at physical batch 64 (in a fresh
 subprocess, so earlier runs don't count).
 
+``--layouts`` times the GroupNorm CNN and the tanh CNN as built (channels-last on CPU) against the same models in
+NCHW, on real data (digits; MNIST t10k when ../shared holds it, else digits upsampled to 28x28): the non-private step
+and the book-keeping trial step of each, interleaved in one process.
+
 ``--ops MODEL`` profiles instead where the time goes: the non-private step and the book-keeping engine on exactly
 B rows, interleaved under torch.profiler, each op's self time per step side by side (the main ops by input shape),
 and each step's wall time; wall time less the ops' sum is Python, dispatch and autograd's own work.
@@ -23,11 +28,13 @@ and each step's wall time; wall time less the ops' sum is Python, dispatch and a
 from __future__ import annotations
 
 import argparse
+import functools
 import resource
 import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +49,7 @@ from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_siz
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
 CASES = (("gn_cnn", (1, 8, 8), 256, 30, 5), ("tanh_cnn", (1, 28, 28), 256, 12, 3),  # tanh_cnn: the MNIST spaces'
          ("resnet9", (3, 32, 32), 32, 8, 2))  # model, input shape, B, default repetitions, --quick repetitions
+ROOT = Path(__file__).resolve().parent.parent
 POOL = 8  # examples in the data = POOL · B, so q = 1 / POOL
 
 
@@ -83,9 +91,10 @@ def _config(model_name: str, batch: int) -> TrialConfig:
                        groups=16 if model_name == "resnet9" else 4)
 
 
-def _plain_step(cfg: TrialConfig, data: Splits, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+def _plain_step(cfg: TrialConfig, data: Splits, x: torch.Tensor, y: torch.Tensor,
+                convert: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m) -> Callable[[], None]:
     """Non-private SGD (momentum 0.9) on the rows x, y: the step a DP step is divided by."""
-    plain = init_model(cfg, data)
+    plain = convert(init_model(cfg, data))
     sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
 
     def step() -> None:
@@ -199,6 +208,65 @@ def op_table(model_name: str, reps: int) -> list[str]:
     return lines
 
 
+def _nchw(model: torch.nn.Module) -> torch.nn.Module:
+    """The same CNN (its weights) in NCHW: contiguous weights, and a forward without the input's layout change."""
+    model.to(memory_format=torch.contiguous_format)
+    model.forward = types.MethodType(  # type: ignore[method-assign]
+        lambda self, x: self.classifier(torch.flatten(self.features(x), 1)), model)
+    return model
+
+
+def _layout_data(model_name: str) -> tuple[Splits, str]:
+    from dptune.config import DatasetSpec
+    from dptune.data import load_dataset
+
+    digits = load_dataset(DatasetSpec())
+    if model_name == "gn_cnn":
+        return digits, "digits"
+    mnist = ROOT.parent / "shared" / "data" / "mnist-t10k"
+    if mnist.exists():
+        return load_dataset(DatasetSpec(name="mnist", path=str(mnist), split="test", validation_size=1000,
+                                        test_size=1000)), "MNIST t10k"
+    x = F.interpolate(digits.train[0], size=(28, 28), mode="bilinear", align_corners=False)
+    return Splits(train=(x, digits.train[1]), val=digits.val, test=digits.test, num_classes=10,
+                  input_shape=(1, 28, 28)), "digits at 28x28"
+
+
+def layout_table(reps: int) -> list[str]:
+    """Channels-last (as built) against NCHW: the non-private step and the book-keeping trial step, interleaved."""
+    lines = ["| model | data | B | reps | non-private NCHW ms | non-private channels-last ms | speed-up | "
+             "DP trial step NCHW ms | DP trial step channels-last ms | speed-up | DP / non-private NCHW | "
+             "DP / non-private channels-last |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model_name in ("gn_cnn", "tanh_cnn"):
+        data, label = _layout_data(model_name)
+        cfg = _config(model_name, 256).replace(clipping="bookkeeping")
+        x, y = data.train
+        sampler = UniformWithReplacementSampler(num_samples=len(y), sample_rate=256 / len(y), steps=reps + 2,
+                                                generator=torch.Generator().manual_seed(2))
+        logical = [list(b) for b in sampler]
+        steps: dict[str, Callable[[list[int]], None]] = {}
+        for layout, convert in (("nchw", _nchw), ("cl", lambda m: m)):
+            plain = _plain_step(cfg, data, x[:256], y[:256], convert)
+            engine = make_engine("bookkeeping", convert(init_model(cfg, data)), cfg, torch.Generator().manual_seed(1),
+                                 meter=NoiseMeter())
+            steps[f"{layout} np"] = lambda _, plain=plain: plain()
+            steps[f"{layout} dp"] = functools.partial(trial_step, engine, x, y, chunk=cfg.physical_batch_size)
+        for idx in logical[:2]:
+            for fn in steps.values():
+                fn(idx)
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        for idx in logical[2:]:
+            for k, fn in steps.items():
+                times[k].append(_timer(fn, idx))
+        m = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        lines.append(f"| {model_name} | {label} | 256 | {reps} | {m['nchw np']:.1f} | {m['cl np']:.1f} | "
+                     f"{m['nchw np'] / m['cl np']:.2f}x | {m['nchw dp']:.1f} | {m['cl dp']:.1f} | "
+                     f"{m['nchw dp'] / m['cl dp']:.2f}x | {m['nchw dp'] / m['nchw np']:.2f}x | "
+                     f"{m['cl dp'] / m['cl np']:.2f}x |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def peak_rss_child() -> None:
     cfg = TrialConfig(model="resnet9", batch_size=64, physical_batch_size=64, groups=16, clipping="functorch")
     data = _fake_splits((3, 32, 32), n=64)
@@ -223,6 +291,7 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the ResNet-9 peak-RSS measurement")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     ap.add_argument("--ops", choices=[c[0] for c in CASES], help="per-op profile of one model (see above)")
+    ap.add_argument("--layouts", action="store_true", help="channels-last against NCHW (see above)")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -231,8 +300,8 @@ def main() -> None:
         peak_rss_child()
         return
     t0 = time.perf_counter()
-    if args.ops:
-        lines = op_table(args.ops, args.reps or 20)
+    if args.ops or args.layouts:
+        lines = op_table(args.ops, args.reps or 20) if args.ops else layout_table(args.reps or 30)
         print("\n".join(lines))
         if args.out:
             args.out.write_text("\n".join(lines) + "\n")

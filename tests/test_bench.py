@@ -285,3 +285,28 @@ def test_the_step_overhead_profile_puts_the_per_example_work_on_the_dp_step_only
     assert min(rows["aten::mkldnn_convolution [[256, 32, 8, 8], [64, 32, 3, 3]]"]) > 0
     for ops, wall in zip(rows["all ops"], rows["wall time"], strict=True):
         assert 0 < ops <= wall
+
+
+def test_the_layout_table_times_both_cnns_as_built_and_in_nchw(tmp_path: Path) -> None:
+    """``bench/step_overhead.py --layouts``: the GroupNorm CNN and the tanh CNN, each as built (channels-last) and
+    in NCHW, the non-private step and the book-keeping trial step on real data, one row per model."""
+    out = tmp_path / "layouts.md"
+    run_bench("bench/step_overhead.py", "--layouts", "--reps", "2", "--threads", "1", "--out", str(out))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| model |")]
+    assert [r[0] for r in rows] == ["gn_cnn", "tanh_cnn"] and rows[0][1] == "digits"
+    for r in rows:
+        ms = [float(r[i]) for i in (4, 5, 7, 8)]
+        assert all(v > 0 for v in ms)
+        assert float(r[6].rstrip("x")) == pytest.approx(ms[0] / ms[1], abs=0.01)
+
+
+def test_layout_accuracy_trains_the_same_init_both_ways(tmp_path: Path) -> None:
+    """``bench/layout_accuracy.py``: one digits trial per layout from one seed; the NCHW model is a ``model.factory``
+    of the built-in (the same init), so after one epoch the two test accuracies are close, not equal by construction."""
+    out = tmp_path / "layouts.md"
+    res = run_bench("bench/layout_accuracy.py", "--cases", "digits", "--seeds", "0", "--epochs", "1", "--out", str(out))
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| digits |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    nchw, cl = float(cells[3]), float(cells[4])
+    assert 0.3 < nchw <= 1 and abs(nchw - cl) <= 0.05, res.stdout

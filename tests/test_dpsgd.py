@@ -258,6 +258,68 @@ def test_group_norm_rows_is_group_norm_and_gives_each_rows_gradients(shape: tupl
     assert torch.allclose(db, g.reshape(shape[0], shape[1], -1).sum(2), atol=1e-5)
 
 
+def test_group_norm_rows_channels_last_is_group_norm_and_gives_each_rows_gradients() -> None:
+    """The same for a channels-last input (the tanh CNN's layout), which cannot be viewed as one row of N·C
+    channels: nn.GroupNorm's output and input gradient bit for bit, each row's Σ g·x̂ and Σ g, the layout kept."""
+    from dptune.dpsgd._bookkeeping import _GroupNormRowsChannelsLast
+
+    gen = torch.Generator().manual_seed(2)
+    shape = (5, 8, 3, 4)
+    x = (torch.randn(shape, generator=gen) * 3 + 2).contiguous(memory_format=torch.channels_last).requires_grad_()
+    g = torch.randn(shape, generator=gen)
+    norm = nn.GroupNorm(2, shape[1])
+    with torch.no_grad():
+        norm.weight.normal_(generator=gen), norm.bias.normal_(generator=gen)
+    expected = norm(x)
+    (dx_expected,) = torch.autograd.grad(expected, x, g)
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    y = _GroupNormRowsChannelsLast.apply(x, norm.weight, norm.bias, 2, norm.eps, kept.append)
+    (dx,) = torch.autograd.grad(y, x, g)
+    assert torch.equal(y, expected) and torch.equal(dx, dx_expected)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    dw, db = kept[0]
+    xhat = F.group_norm(x.detach(), 2, eps=norm.eps)
+    assert torch.allclose(dw, (g * xhat).sum((2, 3)), atol=1e-5)
+    assert torch.allclose(db, g.sum((2, 3)), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["bookkeeping", "hooks", "ghost"])
+def test_channels_last_tanh_cnn_clips_as_functorch(digits: Splits, mode: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tanh CNN runs channels-last (its max-pools' fast CPU kernel): every per-example mode still gives
+    functorch's clipped sum (real digits, upsampled to MNIST's 28x28; padding rows), the same function as the NCHW
+    model up to float rounding, and book-keeping takes both GroupNorms' gradients from their channels-last backward.
+    Opacus' conv rules read a conv's input with NCHW strides: without ``contiguous_conv_inputs`` hooks and ghost
+    were off by up to 0.49 in a per-sample gradient of conv2 (any channels-last conv input)."""
+    from dptune.dpsgd import _bookkeeping
+
+    config = BASE.replace(model="tanh_cnn", max_grad_norm=0.05, clipping=mode)
+    x = F.interpolate(digits.train[0][:10], size=(28, 28), mode="bilinear", align_corners=False)
+    y = digits.train[1][:10]
+    data = Splits(train=(x, y), val=(x, y), test=(x, y), num_classes=digits.num_classes, input_shape=(1, 28, 28))
+    model = init_model(config, data)
+    conv2 = model.features[4]
+    assert conv2.weight.is_contiguous(memory_format=torch.channels_last) and not conv2.weight.is_contiguous()
+    nchw = init_model(config, data).to(memory_format=torch.contiguous_format)
+    with torch.no_grad():
+        assert torch.allclose(model(x), nchw(x), atol=1e-5)
+    calls: list[int] = []
+    original = _bookkeeping._GroupNormRowsChannelsLast.backward
+    monkeypatch.setattr(_bookkeeping._GroupNormRowsChannelsLast, "backward",
+                        staticmethod(lambda ctx, grad: calls.append(1) or original(ctx, grad)))
+    ref = make_engine("functorch", init_model(config, data), config, torch.Generator(), noise_multiplier=0.0)
+    ref.backward(x, y, 0, 8)  # last two rows: padding
+    ref.optimizer.clip_and_accumulate()
+    engine = make_engine(mode, model, config, torch.Generator(), noise_multiplier=0.0)
+    engine.backward(x, y, 0, 8)
+    if mode == "hooks":  # book-keeping and ghost leave the clipped sum in p.grad
+        engine.optimizer.clip_and_accumulate()
+    got = [p.summed_grad if mode == "hooks" else p.grad for p in engine.params]
+    for p, q in zip(ref.params, got, strict=True):
+        assert torch.allclose(p.summed_grad, q, atol=1e-6), p.shape
+    assert calls == ([1, 1] if mode == "bookkeeping" else [])
+
+
 @pytest.mark.parametrize("views", [0, 2])
 def test_bookkeeping_takes_group_norm_gradients_from_its_backward_or_recomputes_them(
         digits: Splits, views: int, monkeypatch: pytest.MonkeyPatch) -> None:

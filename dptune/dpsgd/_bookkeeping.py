@@ -172,12 +172,18 @@ class BookKeepingEngine(Engine):
 
     def _group_norm_forward(self, m: nn.GroupNorm) -> Any:
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if not (torch.is_grad_enabled() and x.is_contiguous() and x.dim() >= 2 and x.shape[0] > 0):
+            if not (torch.is_grad_enabled() and x.dim() >= 2 and x.shape[0] > 0):
                 return F.group_norm(x, m.num_groups, m.weight, m.bias, m.eps)
 
             def keep(rows: tuple[torch.Tensor, torch.Tensor]) -> None:
                 self.norm_rows[m] = rows
-            return cast(torch.Tensor, _GroupNormRows.apply(x, m.weight, m.bias, m.num_groups, m.eps, keep))
+            # a channels-last input (the CNNs' layout on CPU) keeps it; CUDA's GroupNorm copies any other input to
+            # contiguous itself, and so does this
+            if (x.device.type == "cpu" and x.dim() == 4 and not x.is_contiguous()
+                    and x.is_contiguous(memory_format=torch.channels_last)):
+                return cast(torch.Tensor, _GroupNormRowsChannelsLast.apply(x, m.weight, m.bias, m.num_groups, m.eps,
+                                                                           keep))
+            return cast(torch.Tensor, _GroupNormRows.apply(x.contiguous(), m.weight, m.bias, m.num_groups, m.eps, keep))
         return forward
 
     @staticmethod
@@ -283,6 +289,37 @@ class _GroupNormRows(torch.autograd.Function):
         dx, dw, db = torch.ops.aten.native_group_norm_backward(grad.contiguous(), x, mean, rstd, w, 1, n * c, hw,
                                                                n * groups, [True, True, True])
         ctx.keep((dw.view(n, c), db.view(n, c)))
+        return dx, None, None, None, None, None
+
+
+class _GroupNormRowsChannelsLast(torch.autograd.Function):
+    """``_GroupNormRows`` for a channels-last input (the tanh CNN's layout on CPU), which cannot be viewed as one row
+    of N·C channels: nn.GroupNorm's own kernels (output and input gradient bit for bit), and each row's weight and
+    bias gradients from the forward's group statistics, Σ g·x̂ = rstd·(Σ g·x − mean·Σ g) and Σ g per (row, channel),
+    the sums the kernel forms for the input's gradient, taken here by two reductions."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float,
+                keep: Any) -> torch.Tensor:
+        n, c = x.shape[0], x.shape[1]
+        y, mean, rstd = torch.ops.aten.native_group_norm(x, weight.detach(), bias.detach(), n, c, x[0, 0].numel(),
+                                                         groups, eps)
+        ctx.save_for_backward(x, weight.detach(), mean, rstd)
+        ctx.sizes, ctx.keep = (n, c, groups), keep
+        return cast(torch.Tensor, y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w, mean, rstd = ctx.saved_tensors
+        n, c, groups = ctx.sizes
+        grad = grad.contiguous(memory_format=torch.channels_last)
+        dx, _, _ = torch.ops.aten.native_group_norm_backward(grad, x, mean, rstd, w, n, c, x[0, 0].numel(), groups,
+                                                             [True, False, False])
+        db = grad.sum((2, 3))
+        per_channel = c // groups
+        dw = ((grad * x).sum((2, 3)) - db * mean.repeat_interleave(per_channel, 1)) * rstd.repeat_interleave(
+            per_channel, 1)
+        ctx.keep((dw, db))
         return dx, None, None, None, None, None
 
 

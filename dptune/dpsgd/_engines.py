@@ -140,6 +140,7 @@ class HooksEngine(Engine):
 
     def __init__(self, model: nn.Module, optimizer: DPOptimizer, force_functorch: bool = False) -> None:
         super().__init__(model, optimizer)
+        contiguous_conv_inputs(model)
         self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", force_functorch=force_functorch)
 
     def backward(self, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int | None = None) -> torch.Tensor:
@@ -201,6 +202,7 @@ class GhostEngine(Engine):
     def __init__(self, model: nn.Module, optimizer: DPOptimizer, max_grad_norm: float) -> None:
         super().__init__(model, optimizer)
         _refuse_unghostable(model)
+        contiguous_conv_inputs(model)
         self.gsm = GhostClippingModule(model, batch_first=True, loss_reduction="mean",
                                        max_grad_norm=max_grad_norm, use_ghost_clipping=True)
         assert isinstance(optimizer, SummedDPOptimizer)
@@ -215,6 +217,17 @@ class GhostEngine(Engine):
     def empty(self) -> None:
         for p in self.params:
             p.grad = torch.zeros_like(p)
+
+
+def contiguous_conv_inputs(model: nn.Module) -> None:
+    """Opacus' conv rules (hooks' per-sample gradients, ghost's norms) unfold a conv's input with strides written for
+    a contiguous NCHW tensor (``opacus.utils.tensor_utils.unfold2d``): a channels-last input (the tanh CNN's layout,
+    any model run channels-last) gave wrong per-sample gradients, which the clipping guard refused. Each conv's
+    input is made contiguous before it, and so before the hook that saves it (a no-op for a contiguous input)."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.conv._ConvNd) and not getattr(m, "_dptune_contiguous_input", False):
+            m.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
+            m._dptune_contiguous_input = True  # type: ignore[assignment]
 
 
 def _refuse_unghostable(model: nn.Module) -> None:

@@ -1,4 +1,4 @@
-"""Building blocks shared by the models: validated GroupNorm, weight-standardized conv."""
+"""Building blocks shared by the models: validated GroupNorm, weight-standardized conv, the channels-last layout."""
 
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ class WSConv2d(nn.Module):
         var = self.weight.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
         w = (self.weight - mean) / torch.sqrt(var + self.eps)
         return F.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+def channels_last(x: torch.Tensor) -> torch.Tensor:
+    """A model's 4-D input in channels-last layout, for a model whose conv weights are channels-last too (both are
+    needed: a 1-channel input is both layouts at once, and the weight then decides the conv's output layout). Not
+    under vmap (functorch refuses the layout there; each lane is one example, and the result is the same function)."""
+    if x.dim() == 4 and not torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
 
 
 def activation(name: str) -> nn.Module:
