@@ -74,7 +74,7 @@ def run_case(case: str, seeds: list[int], epochs: float | None) -> list[dict[str
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| case | model | seeds | test accuracy NCHW (mean) | channels-last (mean) | mean difference | "
-             "largest |difference| | same in | trial NCHW s (median) | channels-last s (median) | speed-up |",
+             "largest abs. difference | same in | trial NCHW s (median) | channels-last s (median) | speed-up |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for case in dict.fromkeys(r["case"] for r in rows):
         rs = [r for r in rows if r["case"] == case]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness.revisions import checkout, load_average
+from harness.revisions import checkout, dptune_imported, load_average
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = ("search_spaces/mnist_scaled.yaml", "search_spaces/mnist.yaml")
@@ -120,15 +120,23 @@ def _search(space_path: str, seed: int, grouped: bool, work: Path, smoke: bool, 
     home.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "DPTUNE_TEST_DRAW_SEED"}
     env.update(HOME=str(home), PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
+    tree = ROOT
     if source is not None:
-        env["PYTHONPATH"] = str(source)
-    space_arg = str(source / space_path) if source is not None else space_path  # relative paths inside: from ROOT
+        # run inside the other revision's tree: ``python -m`` puts the working directory first on sys.path, so a run
+        # from ROOT imported this checkout's dptune whatever PYTHONPATH said (before 2026-11-28's fourth session
+        # every "before" column here timed this checkout). The spaces' data paths (../shared/...) resolve beside it.
+        tree, env["PYTHONPATH"] = source, str(source)
+        if not (source.parent / "shared").exists() and (ROOT.parent / "shared").exists():
+            (source.parent / "shared").symlink_to(ROOT.parent / "shared")
+        if not dptune_imported(source, env).is_relative_to(source.resolve()):
+            raise RuntimeError(f"--before: dptune is imported from {dptune_imported(source, env)}, not {source}")
+    space_arg = space_path  # relative to the tree the search runs in
     args = [sys.executable, "-m", "dptune.search", "--space", space_arg, "--name", name, "--runs-dir",
             str(work / "runs"), "--ledger", str(work / f"{name}.sqlite"), "--budget-epsilon", "10",
             "--num-cpus", "2", "--seed", str(seed), *(["--group-trials"] if grouped else []),
             *(["--smoke-test"] if smoke and _epochs_fixed(space_path) else [])]
     t = time.perf_counter()
-    r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=7200)
+    r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tree, timeout=7200)
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{r.stdout}\n{r.stderr}")

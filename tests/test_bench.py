@@ -310,3 +310,16 @@ def test_layout_accuracy_trains_the_same_init_both_ways(tmp_path: Path) -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     nchw, cl = float(cells[3]), float(cells[4])
     assert 0.3 < nchw <= 1 and abs(nchw - cl) <= 0.05, res.stdout
+
+
+def test_another_revision_runs_only_from_inside_its_tree() -> None:
+    """``harness.revisions.dptune_imported``: a ``python -m`` run imports the dptune of its working directory, whatever
+    PYTHONPATH says. ``bench/search_walltime.py --before`` ran its searches from this checkout until 2026-11-28, so
+    its "before" column timed this checkout's dptune (the same sealed scores as "after"); it runs inside the tree now."""
+    from bench.harness.revisions import checkout, dptune_imported
+
+    with checkout("HEAD") as tree:
+        assert tree is not None
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        assert dptune_imported(tree, env) == (tree / "dptune").resolve()
+        assert dptune_imported(ROOT, env) == (ROOT / "dptune").resolve()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["checkout", "load_average"]
+__all__ = ["checkout", "dptune_imported", "load_average"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +28,16 @@ def checkout(rev: str | None) -> Iterator[Path | None]:
             yield path
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+
+
+def dptune_imported(cwd: Path, env: dict[str, str]) -> Path:
+    """The dptune package a ``python -m`` (or ``-c``) run in ``cwd`` with ``env`` imports. Such a run puts its working
+    directory first on sys.path, before PYTHONPATH: another revision's dptune runs only from inside its tree."""
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import dptune; print(dptune.__file__)"], capture_output=True,
+                         text=True, env=env, cwd=cwd, check=True).stdout.strip()
+    return Path(out).resolve().parent
 
 
 def load_average() -> str:
