@@ -196,7 +196,9 @@ def main() -> None:
                     entry.update(before_rev=args.before, before_s=before["wall_s"], k_before=before["k"],
                                  before_same_best_config=before["best_config"] == alone["best_config"],
                                  before_same_charge=before["charge"] == alone["charge"],
-                                 scores_before=before["scores"], raw_before=before["raw"])
+                                 scores_before=before["scores"], raw_before=before["raw"],
+                                 best_config_before=before["best_config"], charge_before=before["charge"],
+                                 charge_alone=alone["charge"])
                 result["search"].append(entry)
                 print(json.dumps(entry, indent=1, default=str), flush=True)
                 Path(args.out).with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
