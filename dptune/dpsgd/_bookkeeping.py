@@ -293,7 +293,7 @@ class _GroupNormRows(torch.autograd.Function):
 
 
 class _GroupNormRowsChannelsLast(torch.autograd.Function):
-    """``_GroupNormRows`` for a channels-last input (the tanh CNN's layout on CPU), which cannot be viewed as one row
+    """``_GroupNormRows`` for a channels-last input (the built-in CNNs' layout), which cannot be viewed as one row
     of N·C channels: nn.GroupNorm's own kernels (output and input gradient bit for bit), and each row's weight and
     bias gradients from the forward's group statistics, Σ g·x̂ = rstd·(Σ g·x − mean·Σ g) and Σ g per (row, channel),
     the sums the kernel forms for the input's gradient, taken here by two reductions."""

@@ -221,8 +221,8 @@ class GhostEngine(Engine):
 
 def contiguous_conv_inputs(model: nn.Module) -> None:
     """Opacus' conv rules (hooks' per-sample gradients, ghost's norms) unfold a conv's input with strides written for
-    a contiguous NCHW tensor (``opacus.utils.tensor_utils.unfold2d``): a channels-last input (the tanh CNN's layout,
-    any model run channels-last) gave wrong per-sample gradients, which the clipping guard refused. Each conv's
+    a contiguous NCHW tensor (``opacus.utils.tensor_utils.unfold2d``): a channels-last input (the built-in CNNs'
+    layout, any model run channels-last) gave wrong per-sample gradients, which the clipping guard refused. Each conv's
     input is made contiguous before it, and so before the hook that saves it (a no-op for a contiguous input)."""
     for m in model.modules():
         if isinstance(m, nn.modules.conv._ConvNd) and not getattr(m, "_dptune_contiguous_input", False):

@@ -36,7 +36,7 @@ class GNCNN(nn.Module):
             nn.AdaptiveAvgPool2d(2),
         )
         self.classifier = nn.Linear(4 * w2, num_classes)
-        self.to(memory_format=torch.channels_last)  # see TanhCNN: a digits trial measured 1.11x faster
+        self.to(memory_format=torch.channels_last)  # see TanhCNN: a digits trial 1.14x faster
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.features(channels_last(x)), 1))
@@ -68,7 +68,7 @@ class TanhCNN(nn.Module):
         self.classifier = nn.Sequential(nn.Linear(32 * sizes[0] * sizes[1], hidden), nn.Tanh(),
                                         nn.Linear(hidden, num_classes))
         # Channels-last: the 2x2 stride-1 max-pools' NCHW CPU kernel is the slowest op of the step (torch 2.14.1, 1
-        # thread, B 256 on MNIST: 9 ms of a 24 ms non-private step, 3 ms channels-last). A whole trial measured 1.69x
+        # thread, B 256 on MNIST: 9 ms of a 24 ms non-private step, 3 ms channels-last). A whole trial measured 1.64x
         # faster (bench/results/trial_walltime.md). The same function; float sums differ in the last bits.
         self.to(memory_format=torch.channels_last)
 
