@@ -64,6 +64,19 @@ def _timer(fn: Callable[[list[int]], None], idx: list[int]) -> float:
     return time.perf_counter() - t
 
 
+def _interleaved(steps: dict[str, Callable[[list[int]], None]], logical: list[list[int]]) -> dict[str, list[float]]:
+    """Each step on each logical batch, round-robin (the first two batches a warm-up: allocator, vmap tracing, oneDNN
+    kernels): seconds per step, per name."""
+    for idx in logical[:2]:
+        for fn in steps.values():
+            fn(idx)
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for idx in logical[2:]:
+        for k, fn in steps.items():
+            times[k].append(_timer(fn, idx))
+    return times
+
+
 def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int], chunk: int) -> None:
     """One logical DP step as the trial loop runs it (views 0): physical chunks, each padded to its bucket; a mode
     that cannot accumulate (ghost) runs the logical batch whole, as the loop does (its trial needs a physical batch
@@ -141,13 +154,7 @@ def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: 
                 trial_step(engine, x, y, idx, chunk)
 
         steps[mode] = dp_step
-    for idx in logical[:2]:  # warm-up (allocator, vmap tracing, oneDNN kernels)
-        for fn in steps.values():
-            fn(idx)
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for idx in logical[2:]:
-        for k, fn in steps.items():
-            times[k].append(_timer(fn, idx))
+    times = _interleaved(steps, logical)
     med = {k: statistics.median(v) for k, v in times.items()}
     # each repetition's book-keeping step over the non-private step run just before it: machine noise comes in
     # phases of seconds, and this spread says how far one run's median ratio can be trusted
@@ -251,14 +258,7 @@ def layout_table(reps: int) -> list[str]:
                                  meter=NoiseMeter())
             steps[f"{layout} np"] = lambda _, plain=plain: plain()
             steps[f"{layout} dp"] = functools.partial(trial_step, engine, x, y, chunk=cfg.physical_batch_size)
-        for idx in logical[:2]:
-            for fn in steps.values():
-                fn(idx)
-        times: dict[str, list[float]] = {k: [] for k in steps}
-        for idx in logical[2:]:
-            for k, fn in steps.items():
-                times[k].append(_timer(fn, idx))
-        m = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        m = {k: statistics.median(v) * 1e3 for k, v in _interleaved(steps, logical).items()}
         lines.append(f"| {model_name} | {label} | 256 | {reps} | {m['nchw np']:.1f} | {m['cl np']:.1f} | "
                      f"{m['nchw np'] / m['cl np']:.2f}x | {m['nchw dp']:.1f} | {m['cl dp']:.1f} | "
                      f"{m['nchw dp'] / m['cl dp']:.2f}x | {m['nchw dp'] / m['nchw np']:.2f}x | "

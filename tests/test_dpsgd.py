@@ -234,14 +234,18 @@ def test_bookkeeping_matches_functorch(digits: Splits, views: int) -> None:
         assert float(torch.cat([q.grad.flatten() for q in bk.params]).norm()) <= 0.5 * (1 + 1e-5)
 
 
-@pytest.mark.parametrize("shape", [(5, 8, 3, 4), (7, 6), (3, 4, 2, 2, 3)])
-def test_group_norm_rows_is_group_norm_and_gives_each_rows_gradients(shape: tuple[int, ...]) -> None:
-    """The book-keeping engine's GroupNorm (the batch as one row of N·C channels): nn.GroupNorm's output and input
-    gradient bit for bit, and the backward's per-row weight and bias gradients are each row's Σ g·x̂ and Σ g."""
-    from dptune.dpsgd._bookkeeping import _GroupNormRows
+@pytest.mark.parametrize(("shape", "channels_last"), [((5, 8, 3, 4), False), ((7, 6), False), ((3, 4, 2, 2, 3), False),
+                                                      ((5, 8, 3, 4), True)])
+def test_group_norm_rows_is_group_norm_and_gives_each_rows_gradients(shape: tuple[int, ...],
+                                                                     channels_last: bool) -> None:
+    """The book-keeping engine's GroupNorm (the batch as one row of N·C channels; for a channels-last input, which
+    cannot be viewed so, nn.GroupNorm's own kernels and two reductions): nn.GroupNorm's output and input gradient bit
+    for bit, and the backward's per-row weight and bias gradients are each row's Σ g·x̂ and Σ g."""
+    from dptune.dpsgd._bookkeeping import _GroupNormRows, _GroupNormRowsChannelsLast
 
     gen = torch.Generator().manual_seed(1)
-    x = (torch.randn(shape, generator=gen) * 3 + 2).requires_grad_()
+    x = torch.randn(shape, generator=gen) * 3 + 2
+    x = (x.contiguous(memory_format=torch.channels_last) if channels_last else x).requires_grad_()
     g = torch.randn(shape, generator=gen)
     norm = nn.GroupNorm(2, shape[1])
     with torch.no_grad():
@@ -249,38 +253,15 @@ def test_group_norm_rows_is_group_norm_and_gives_each_rows_gradients(shape: tupl
     expected = norm(x)
     (dx_expected,) = torch.autograd.grad(expected, x, g)
     kept: list[tuple[torch.Tensor, torch.Tensor]] = []
-    y = _GroupNormRows.apply(x, norm.weight, norm.bias, 2, norm.eps, kept.append)
+    rows = _GroupNormRowsChannelsLast if channels_last else _GroupNormRows
+    y = rows.apply(x, norm.weight, norm.bias, 2, norm.eps, kept.append)
     (dx,) = torch.autograd.grad(y, x, g)
     assert torch.equal(y, expected) and torch.equal(dx, dx_expected)
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     dw, db = kept[0]
     xhat = F.group_norm(x.detach(), 2, eps=norm.eps)
     assert torch.allclose(dw, (g * xhat).reshape(shape[0], shape[1], -1).sum(2), atol=1e-5)
     assert torch.allclose(db, g.reshape(shape[0], shape[1], -1).sum(2), atol=1e-5)
-
-
-def test_group_norm_rows_channels_last_is_group_norm_and_gives_each_rows_gradients() -> None:
-    """The same for a channels-last input (the tanh CNN's layout), which cannot be viewed as one row of N·C
-    channels: nn.GroupNorm's output and input gradient bit for bit, each row's Σ g·x̂ and Σ g, the layout kept."""
-    from dptune.dpsgd._bookkeeping import _GroupNormRowsChannelsLast
-
-    gen = torch.Generator().manual_seed(2)
-    shape = (5, 8, 3, 4)
-    x = (torch.randn(shape, generator=gen) * 3 + 2).contiguous(memory_format=torch.channels_last).requires_grad_()
-    g = torch.randn(shape, generator=gen)
-    norm = nn.GroupNorm(2, shape[1])
-    with torch.no_grad():
-        norm.weight.normal_(generator=gen), norm.bias.normal_(generator=gen)
-    expected = norm(x)
-    (dx_expected,) = torch.autograd.grad(expected, x, g)
-    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
-    y = _GroupNormRowsChannelsLast.apply(x, norm.weight, norm.bias, 2, norm.eps, kept.append)
-    (dx,) = torch.autograd.grad(y, x, g)
-    assert torch.equal(y, expected) and torch.equal(dx, dx_expected)
-    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
-    dw, db = kept[0]
-    xhat = F.group_norm(x.detach(), 2, eps=norm.eps)
-    assert torch.allclose(dw, (g * xhat).sum((2, 3)), atol=1e-5)
-    assert torch.allclose(db, g.sum((2, 3)), atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["bookkeeping", "hooks", "ghost"])
