@@ -15,30 +15,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 import torch
+from harness.layouts import MNIST, mnist_t10k
 
-ROOT = Path(__file__).resolve().parent.parent
-MNIST = ROOT.parent / "shared" / "data" / "mnist-t10k"
 CASES = {"digits": ("gn_cnn", 20.0), "mnist": ("tanh_cnn", 10.0)}
-
-
-def _nchw(model: torch.nn.Module) -> torch.nn.Module:
-    model.to(memory_format=torch.contiguous_format)
-    model.forward = types.MethodType(  # type: ignore[method-assign]
-        lambda self, x: self.classifier(torch.flatten(self.features(x), 1)), model)
-    return model
-
-
-def nchw(num_classes: int, input_shape: tuple[int, int, int], groups: int, name: str) -> torch.nn.Module:
-    """The built-in ``name`` in NCHW (a ``model.factory``: the same init, the seed's RNG drawn the same way)."""
-    from dptune.config import TrialConfig
-    from dptune.models import build_model
-
-    return _nchw(build_model(TrialConfig(model=name, groups=groups), num_classes, input_shape))
 
 
 def run_case(case: str, seeds: list[int], epochs: float | None) -> list[dict[str, Any]]:
@@ -47,14 +30,12 @@ def run_case(case: str, seeds: list[int], epochs: float | None) -> list[dict[str
     from dptune.dpsgd import run_trial
 
     model, default_epochs = CASES[case]
-    spec = DatasetSpec() if case == "digits" else DatasetSpec(name="mnist", path=str(MNIST), split="test",
-                                                              validation_size=1000, test_size=1000)
-    data = load_dataset(spec)
+    data = load_dataset(DatasetSpec() if case == "digits" else mnist_t10k())
     rows = []
     for seed in seeds:
         config = TrialConfig(model=model, batch_size=256, epochs=epochs or default_epochs, noise_multiplier=1.0,
                              learning_rate=0.5, score_noise=None, seed=seed, clipping="bookkeeping")
-        layouts = (("nchw", config.replace(model=f"factory:{Path(__file__).stem}:nchw", model_kwargs={"name": model})),
+        layouts = (("nchw", config.replace(model="factory:harness.layouts:nchw_factory", model_kwargs={"name": model})),
                    ("channels_last", config))
         if not rows:  # warm-up: the clipping guard's probes, once per model
             for _, cfg in layouts:

@@ -34,12 +34,12 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness.layouts import MNIST, mnist_t10k, nchw
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dptune.config import TrialConfig, clipping
@@ -49,7 +49,6 @@ from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_siz
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
 CASES = (("gn_cnn", (1, 8, 8), 256, 30, 5), ("tanh_cnn", (1, 28, 28), 256, 12, 3),  # tanh_cnn: the MNIST spaces'
          ("resnet9", (3, 32, 32), 32, 8, 2))  # model, input shape, B, default repetitions, --quick repetitions
-ROOT = Path(__file__).resolve().parent.parent
 POOL = 8  # examples in the data = POOL · B, so q = 1 / POOL
 
 
@@ -215,14 +214,6 @@ def op_table(model_name: str, reps: int) -> list[str]:
     return lines
 
 
-def _nchw(model: torch.nn.Module) -> torch.nn.Module:
-    """The same CNN (its weights) in NCHW: contiguous weights, and a forward without the input's layout change."""
-    model.to(memory_format=torch.contiguous_format)
-    model.forward = types.MethodType(  # type: ignore[method-assign]
-        lambda self, x: self.classifier(torch.flatten(self.features(x), 1)), model)
-    return model
-
-
 def _layout_data(model_name: str) -> tuple[Splits, str]:
     from dptune.config import DatasetSpec
     from dptune.data import load_dataset
@@ -230,10 +221,8 @@ def _layout_data(model_name: str) -> tuple[Splits, str]:
     digits = load_dataset(DatasetSpec())
     if model_name == "gn_cnn":
         return digits, "digits"
-    mnist = ROOT.parent / "shared" / "data" / "mnist-t10k"
-    if mnist.exists():
-        return load_dataset(DatasetSpec(name="mnist", path=str(mnist), split="test", validation_size=1000,
-                                        test_size=1000)), "MNIST t10k"
+    if MNIST.exists():
+        return load_dataset(mnist_t10k()), "MNIST t10k"
     x = F.interpolate(digits.train[0], size=(28, 28), mode="bilinear", align_corners=False)
     return Splits(train=(x, digits.train[1]), val=digits.val, test=digits.test, num_classes=10,
                   input_shape=(1, 28, 28)), "digits at 28x28"
@@ -252,7 +241,7 @@ def layout_table(reps: int) -> list[str]:
                                                 generator=torch.Generator().manual_seed(2))
         logical = [list(b) for b in sampler]
         steps: dict[str, Callable[[list[int]], None]] = {}
-        for layout, convert in (("nchw", _nchw), ("cl", lambda m: m)):
+        for layout, convert in (("nchw", nchw), ("cl", lambda m: m)):
             plain = _plain_step(cfg, data, x[:256], y[:256], convert)
             engine = make_engine("bookkeeping", convert(init_model(cfg, data)), cfg, torch.Generator().manual_seed(1),
                                  meter=NoiseMeter())

@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.layouts import MNIST, mnist_t10k
 from harness.revisions import checkout, load_average
 
 ROOT = Path(__file__).resolve().parent.parent
-MNIST = ROOT.parent / "shared" / "data" / "mnist-t10k"
 CASES = {"digits": ("gn_cnn", 20.0), "mnist": ("tanh_cnn", 2.0)}
 
 
@@ -45,9 +45,7 @@ def child(case: str, quick: bool) -> None:
 
     torch.set_num_threads(1)
     model, epochs = CASES[case]
-    spec = DatasetSpec() if case == "digits" else DatasetSpec(name="mnist", path=str(MNIST), split="test",
-                                                              validation_size=1000, test_size=1000)
-    data = load_dataset(spec)
+    data = load_dataset(DatasetSpec() if case == "digits" else mnist_t10k())
     config = TrialConfig(model=model, batch_size=256, epochs=1.0 if quick else epochs, noise_multiplier=1.0,
                          learning_rate=0.5, score_noise=None, seed=3)
     run_trial(config.replace(epochs=0.5), data)  # warm-up: imports, the guard's probes
