@@ -45,10 +45,10 @@ def quiet_hooks() -> Iterator[None]:
 
 
 # "auto" = the mode measured fastest on CPU (2 shared cores, torch 2.14 at 1 thread, opacus 1.6, bench/step_overhead.py,
-# the trial's step / non-private step, four runs at b1a60d0; bench/results/step_overhead.md, 2026-11-28): gn_cnn B=256:
-# bookkeeping 1.31-1.51x, functorch 2.10-2.46x, ghost 3.06-3.47x, hooks 3.20-3.40x; resnet9 B=32: bookkeeping
-# 1.15-1.31x, functorch 1.61-1.76x, hooks 1.98-2.24x, ghost 2.43-2.76x; tanh_cnn (MNIST spaces, physical batch 256)
-# B=256: bookkeeping 1.42-1.52x, functorch 1.91-2.02x, ghost 2.10-2.18x, hooks 2.42-2.50x.
+# the trial's step / non-private step, the CNNs channels-last, at fc7ca3e; bench/results/step_overhead.md, 2026-11-28):
+# gn_cnn B=256: bookkeeping 1.61x, functorch 2.57x, hooks 3.65x, ghost 3.71x; resnet9 B=32: bookkeeping 1.30x,
+# functorch 1.69x, hooks 2.15x, ghost 2.62x; tanh_cnn (MNIST spaces, physical batch 256) B=256: bookkeeping 1.78x,
+# functorch 3.22x, ghost 3.36x, hooks 3.66x (the same ranking as in four NCHW runs at b1a60d0).
 # WRN's weight-standardized convs are not plain Conv2d: whole-model functorch handles them.
 AUTO_CLIPPING = {"gn_cnn": "bookkeeping", "resnet9": "bookkeeping", "tanh_cnn": "bookkeeping", "wrn16_4": "functorch"}
 
