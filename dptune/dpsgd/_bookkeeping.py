@@ -316,10 +316,9 @@ class _GroupNormRowsChannelsLast(torch.autograd.Function):
         dx, _, _ = torch.ops.aten.native_group_norm_backward(grad, x, mean, rstd, w, n, c, x[0, 0].numel(), groups,
                                                              [True, False, False])
         db = grad.sum((2, 3))
-        per_channel = c // groups
-        dw = ((grad * x).sum((2, 3)) - db * mean.repeat_interleave(per_channel, 1)) * rstd.repeat_interleave(
-            per_channel, 1)
-        ctx.keep((dw, db))
+        ds = (grad * x).sum((2, 3))
+        dw = (ds.view(n, groups, -1) - db.view(n, groups, -1) * mean.view(n, groups, 1)) * rstd.view(n, groups, 1)
+        ctx.keep((dw.view(n, c), db))
         return dx, None, None, None, None, None
 
 
