@@ -271,15 +271,21 @@ def test_the_trial_walltime_bench_runs_whole_trials_of_both_revisions(tmp_path: 
     assert "before/after" in res.stdout
 
 
+def _md_rows(path: Path) -> list[list[str]]:
+    """The body rows of the markdown tables in ``path`` (not their header or rule rows), each cell stripped of
+    spaces and backticks."""
+    lines = path.read_text().splitlines()
+    return [[c.strip(" `") for c in line.strip("|").split("|")] for line, after in zip(lines, [*lines[1:], ""])
+            if line.startswith("| ") and not after.startswith("|---")]
+
+
 def test_the_step_overhead_profile_puts_the_per_example_work_on_the_dp_step_only(tmp_path: Path) -> None:
     """``bench/step_overhead.py --ops gn_cnn``: the non-private and book-keeping steps profiled interleaved; the
     per-example ``bmm`` of the second conv (256 rows, 64 x 288 per example) and the clip-factor GEMV are the DP step's
     alone, both steps run the same forward convolution, and each step's ops fit inside its wall time."""
     out = tmp_path / "ops.md"
     run_bench("bench/step_overhead.py", "--ops", "gn_cnn", "--reps", "2", "--threads", "1", "--out", str(out))
-    cells = [[c.strip(" `") for c in line.strip("|").split("|")] for line in out.read_text().splitlines()
-             if line.startswith("| ") and not line.startswith("| op |")]
-    rows = {r[0]: [float(v) for v in r[1:]] for r in cells}
+    rows = {r[0]: [float(v) for v in r[1:]] for r in _md_rows(out)}
     assert rows["aten::bmm [[256, 64, 64], [256, 64, 288]]"][0] == 0 < rows["aten::bmm [[256, 64, 64], [256, 64, 288]]"][1]
     assert rows["aten::mm [[1, 256], [256, 18432]]"][0] == 0 < rows["aten::mm [[1, 256], [256, 18432]]"][1]
     assert min(rows["aten::mkldnn_convolution [[256, 32, 8, 8], [64, 32, 3, 3]]"]) > 0
@@ -292,8 +298,7 @@ def test_the_layout_table_times_both_cnns_as_built_and_in_nchw(tmp_path: Path) -
     in NCHW, the non-private step and the book-keeping trial step on real data, one row per model."""
     out = tmp_path / "layouts.md"
     run_bench("bench/step_overhead.py", "--layouts", "--reps", "2", "--threads", "1", "--out", str(out))
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.read_text().splitlines()
-            if line.startswith("| ") and not line.startswith("| model |")]
+    rows = _md_rows(out)
     assert [r[0] for r in rows] == ["gn_cnn", "tanh_cnn"] and rows[0][1] == "digits"
     for r in rows:
         ms = [float(r[i]) for i in (4, 5, 7, 8)]
@@ -306,8 +311,7 @@ def test_layout_accuracy_trains_the_same_init_both_ways(tmp_path: Path) -> None:
     of the built-in (the same init), so after one epoch the two test accuracies are close, not equal by construction."""
     out = tmp_path / "layouts.md"
     res = run_bench("bench/layout_accuracy.py", "--cases", "digits", "--seeds", "0", "--epochs", "1", "--out", str(out))
-    row = next(line for line in out.read_text().splitlines() if line.startswith("| digits |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    cells = next(r for r in _md_rows(out) if r[0] == "digits")
     nchw, cl = float(cells[3]), float(cells[4])
     assert 0.3 < nchw <= 1 and abs(nchw - cl) <= 0.05, res.stdout
 
