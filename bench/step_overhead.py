@@ -44,7 +44,7 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dptune.config import TrialConfig, clipping
 from dptune.data import Splits
-from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_size, physical_batches
+from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_rows, physical_batches
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
 CASES = (("gn_cnn", (1, 8, 8), 256, 30, 5), ("tanh_cnn", (1, 28, 28), 256, 12, 3),  # tanh_cnn: the MNIST spaces'
@@ -87,13 +87,7 @@ def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int],
         if len(rows) == 0:
             engine.empty()
         else:
-            index = torch.as_tensor(rows)
-            xb, yb = x[index], y[index]
-            pad = padded_size(len(rows)) - len(rows)
-            if pad:
-                xb = torch.cat([xb, xb.new_zeros((pad, *xb.shape[1:]))])
-                yb = torch.cat([yb, yb.new_zeros(pad)])
-            float(engine.backward(xb, yb, 0, len(rows)))  # the loop logs the loss: a synchronisation
+            float(engine.backward(*padded_rows(x, y, rows), 0, len(rows)))  # the loop logs the loss: a synchronisation
         opt.step()
         opt.zero_grad(set_to_none=True)
 

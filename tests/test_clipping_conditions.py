@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
-from dptune.dpsgd import engine_mode, make_engine, validate_model
-from dptune.dpsgd._loop import padded_size
+from dptune.dpsgd import engine_mode, make_engine, padded_rows, validate_model
 from dptune.models import build_model
 from tests.conftest import importable_module
 
@@ -213,9 +212,7 @@ class Trainer:
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         before = [p.detach().clone() for p in self.engine.params]
         n = len(y)
-        pad = padded_size(n) - n  # as the loop pads its physical batches
-        self.engine.backward(torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]), torch.cat([y, y.new_zeros(pad)]),
-                             0, n)
+        self.engine.backward(*padded_rows(x, y, list(range(n))), 0, n)  # as the loop pads its physical batches
         self.engine.optimizer.step()
         self.engine.optimizer.zero_grad(set_to_none=True)
         moved = _flat([b - p.detach() for p, b in zip(self.engine.params, before, strict=True)])

@@ -24,7 +24,7 @@ from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, m
 from dptune.dpsgd._group import ACCELERATOR_LANES, TrialCrash, architecture_key, run_group
 from dptune.dpsgd._groupprobe import group_probe
 from dptune.dpsgd._guard import guarded_clipping
-from dptune.dpsgd._loop import padded_size, physical_batches
+from dptune.dpsgd._loop import padded_rows, padded_size, physical_batches
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
 from dptune.dpsgd._state import load_model, save_model
@@ -55,6 +55,7 @@ __all__ = [
     "layer_constants",
     "load_model",
     "make_engine",
+    "padded_rows",
     "padded_size",
     "physical_batches",
     "public_examples",

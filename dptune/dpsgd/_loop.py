@@ -13,7 +13,8 @@ from dptune.config import clipping
 from dptune.data import augment_views
 from dptune.dpsgd._state import TrialRun
 
-__all__ = ["Chunk", "Schedule", "diverged", "epoch_chunks", "padded_size", "physical_batches", "physical_chunk"]
+__all__ = ["Chunk", "Schedule", "diverged", "epoch_chunks", "padded_rows", "padded_size", "physical_batches",
+           "physical_chunk"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -143,15 +144,22 @@ def _poisson(n: int, q: float, steps: int, generator: torch.Generator) -> Iterab
     return UniformWithReplacementSampler(num_samples=n, sample_rate=q, generator=generator, steps=steps)
 
 
+def padded_rows(x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> Pair:
+    """The rows ``idx`` of (x, y), then zero rows up to ``padded_size``: the engine is told how many are real, and
+    the padding rows get zero weight, dropped before clipping: they contribute exactly nothing."""
+    index = torch.as_tensor(idx)
+    xb, yb = x[index], y[index]
+    pad = padded_size(len(idx)) - len(idx)
+    if pad:
+        xb = torch.cat([xb, xb.new_zeros((pad, *xb.shape[1:]))])
+        yb = torch.cat([yb, yb.new_zeros(pad)])
+    return xb, yb
+
+
 def _chunk(run: TrialRun, x_train: torch.Tensor, y_train: torch.Tensor, idx: list[int], views: int,
            device: torch.device) -> Chunk:
     """One physical chunk, padded to a bucket size (padding contributes nothing) and augmented."""
-    index = torch.as_tensor(idx)
-    xb, yb = x_train[index], y_train[index]
-    pad = padded_size(len(idx)) - len(idx)
-    if pad:  # zero-weight rows, dropped before clipping: they contribute exactly nothing
-        xb = torch.cat([xb, xb.new_zeros((pad, *xb.shape[1:]))])
-        yb = torch.cat([yb, yb.new_zeros(pad)])
+    xb, yb = padded_rows(x_train, y_train, idx)
     if views > 0:
         xb = augment_views(xb, views, run.streams.augment)
     return Chunk(xb.to(device), yb.to(device), views, len(idx))
