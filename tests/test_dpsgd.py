@@ -333,6 +333,51 @@ def test_bookkeeping_takes_group_norm_gradients_from_its_backward_or_recomputes_
     assert all("forward" not in m.__dict__ for m in bk.model.modules())  # the forward is patched for one pass only
 
 
+class _Positions(nn.Module):
+    """(N, C, H, W) -> (N, H·W, C): a Linear after it runs on each position (T = H·W)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("views", [0, 2])
+def test_bookkeeping_stores_gradients_either_way_round(digits: Splits, views: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each stored layer's per-example gradients come out (d_out, d_in), or (d_in, d_out) where d_in < d_out (the
+    batched GEMM's rows along the longer side); summed back into each weight's own layout they are functorch's, for
+    convs (channels-last and NCHW) and a Linear on positions, both ways round."""
+    from dptune.dpsgd import _bookkeeping
+
+    def model(channels_last: bool) -> nn.Module:
+        torch.manual_seed(5)
+        net = nn.Sequential(nn.Conv2d(1, 12, 3, padding=1), nn.Tanh(),  # d_in 9 < d_out 12
+                            nn.Conv2d(12, 4, 3, padding=1), nn.Tanh(),  # d_in 108 > d_out 4
+                            _Positions(), nn.Linear(4, 6), nn.Tanh(),  # T 64, d_in 4 < d_out 6
+                            nn.Flatten(), nn.Linear(6 * 64, 10))
+        return net.to(memory_format=torch.channels_last) if channels_last else net
+
+    ways: list[bool] = []
+    original = _bookkeeping._arrangement
+    monkeypatch.setattr(_bookkeeping, "_arrangement",
+                        lambda w, conv, transposed: ways.append(transposed) or original(w, conv, transposed))
+    config = BASE.replace(max_grad_norm=0.3, augmult=views)
+    x, y = digits.train[0][:9], digits.train[1][:9]
+    if views:
+        x = augment_views(x, views, torch.Generator().manual_seed(0))
+    for channels_last in (False, True):
+        ref = make_engine("functorch", model(False), config, torch.Generator(), noise_multiplier=0.0)
+        ref.backward(x, y, views, 7)  # last two rows: padding
+        ref.optimizer.clip_and_accumulate()
+        bk = make_engine("bookkeeping", model(channels_last), config, torch.Generator(), noise_multiplier=0.0)
+        assert isinstance(bk, _bookkeeping.BookKeepingEngine)
+        ways.clear()
+        bk.backward(x.contiguous(memory_format=torch.channels_last) if channels_last else x, y, views, 7)
+        assert ways == [True, False, True]  # the three stored weights (the last Linear: ghost norm, T 1)
+        for p, q in zip(ref.params, bk.params, strict=True):
+            assert q.grad is not None and q.grad.shape == p.shape
+            assert torch.allclose(p.summed_grad, q.grad, atol=1e-6), p.shape
+
+
 @pytest.mark.parametrize("views", [0, 3])
 def test_bookkeeping_reuses_its_buffers_exactly(digits: Splits, views: int) -> None:
     """The engine keeps its patches, padded inputs and stored per-example gradients between steps (its CPU
