@@ -350,8 +350,8 @@ def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, work: 
 def _gradients(gt: torch.Tensor, cols: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Each example's weight gradient G^T A from (r, d_out, T) and (r, T, d_in): (r, d_out, d_in), or (r, d_in, d_out)
     where d_in < d_out. The same dot products; the batched GEMM's output rows are vectorised along their length, and
-    a short row wastes most of each vector (gn_cnn's first conv, d_in 9 against d_out 32: 0.90 against 0.19 ms at B
-    256, torch 2.14.1 on 1 thread, bench/results/step_overhead.md)."""
+    a short row wastes most of each vector (gn_cnn's first conv, d_in 9 against d_out 32: 0.93-0.96 against
+    0.25-0.26 ms at B 256, torch 2.14.1 on 1 thread, an AVX-512 CPU; bench/results/step_overhead.md)."""
     r, d_out, d_in = gt.shape[0], gt.shape[1], cols.shape[2]
     if d_in < d_out:
         return torch.bmm(cols.transpose(1, 2), gt.transpose(1, 2),
