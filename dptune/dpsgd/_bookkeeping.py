@@ -50,7 +50,8 @@ Arrange = tuple[tuple[int, ...], tuple[int, ...]] | None
 
 @dataclass
 class _Layer:
-    """A layer's share of one backward: per-example gradients kept (param -> (r, *p.shape)), or its rows to redo."""
+    """A layer's share of one backward: per-example gradients kept (param -> r rows, laid out as ``Arrange`` says),
+    or its rows to redo."""
 
     stored: list[tuple[nn.Parameter, torch.Tensor, Arrange]]  # (param, per-example gradients, their layout)
     redo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input rows, output-gradient rows) for the second GEMM
