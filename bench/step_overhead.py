@@ -3,6 +3,7 @@
     python bench/step_overhead.py [--quick] [--reps N] [--threads N] [--exact-batch] [--no-memory] [--out FILE]
     python bench/step_overhead.py --ops MODEL [--reps N] [--threads N] [--out FILE]
     python bench/step_overhead.py --layouts [--reps N] [--threads N] [--out FILE]
+    python bench/step_overhead.py --phases MODEL [--reps N] [--threads N] [--out FILE]
 
 The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate
 q = B/N, split into physical batches of at most ``physical_batch_size`` rows as the loop splits them,
@@ -23,6 +24,10 @@ and the book-keeping trial step of each, interleaved in one process.
 ``--ops MODEL`` profiles instead where the time goes: the non-private step and the book-keeping engine on exactly
 B rows, interleaved under torch.profiler, each op's self time per step side by side (the main ops by input shape),
 and each step's wall time; wall time less the ops' sum is Python, dispatch and autograd's own work.
+
+``--phases MODEL`` times the same two steps without the profiler (which inflates memory-bound ops), each phase by
+wrapping it: the book-keeping engine's forward, its backward to the layer outputs, each layer's norms, the recomputed
+clipped sums and the optimizer's noise and step; the non-private forward, backward and SGD step; the rest of each.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -208,6 +214,66 @@ def op_table(model_name: str, reps: int) -> list[str]:
     return lines
 
 
+def phase_table(model_name: str, reps: int) -> list[str]:
+    """Book-keeping's step on exactly B rows in its phases, each timed by wrapping it (the profiler inflates
+    memory-bound ops), interleaved with the non-private step's forward, backward and SGD step; ms per step (mean)."""
+    from collections import defaultdict
+
+    shape, batch = next((s, b) for n, s, b, _, _ in CASES if n == model_name)
+    cfg = _config(model_name, batch)
+    data = _fake_splits(shape, n=batch)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+    engine = make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1))
+    plain = init_model(cfg, data)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(label: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            spent[label(*a)] += time.perf_counter() - t
+            return out
+        return run
+
+    grad = torch.autograd.grad
+    engine.model.forward = timed(lambda *_: "dp: forward", engine.model.forward)  # type: ignore[method-assign]
+    engine._norms = timed(lambda i, m, *_: f"dp: norms, layer {i} ({type(m).__name__})", engine._norms)  # type: ignore
+    engine._clipped_sum = timed(lambda *_: "dp: clipped sums recomputed", engine._clipped_sum)  # type: ignore
+    engine.optimizer.step = timed(lambda *_: "dp: noise and the step", engine.optimizer.step)  # type: ignore
+    plain.forward = timed(lambda *_: "non-private: forward", plain.forward)  # type: ignore[method-assign]
+
+    def np_step() -> None:
+        sgd.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(plain(x), y)
+        timed(lambda *_: "non-private: backward", loss.backward)()
+        float(loss.detach())
+        timed(lambda *_: "non-private: SGD step", sgd.step)()
+
+    torch.autograd.grad = timed(lambda *_: "dp: backward to the layer outputs", grad)
+    try:
+        for rep in range(reps + 2):
+            if rep == 2:  # two warm-ups
+                spent.clear()
+            for total, step in (("non-private: total", np_step), ("dp: total", functools.partial(_exact_step,
+                                                                                                 engine, x, y))):
+                t = time.perf_counter()
+                step()
+                spent[total] += time.perf_counter() - t
+    finally:
+        torch.autograd.grad = grad
+    lines = [f"{model_name}, B {batch}, {reps} steps of each, interleaved; ms per step (mean)", "",
+             "| phase | ms |", "|---|---|"]
+    for side in ("non-private", "dp"):
+        parts = {k: v for k, v in spent.items() if k.startswith(f"{side}: ") and k != f"{side}: total"}
+        rest = "the loss, Python, dispatch" if side == "non-private" else "the loss, clip factors, stored sums, Python"
+        parts[f"{side}: the rest ({rest})"] = spent[f"{side}: total"] - sum(parts.values())
+        lines += [f"| {k} | {v / reps * 1e3:.2f} |" for k, v in parts.items()]
+        lines.append(f"| {side}: total | {spent[f'{side}: total'] / reps * 1e3:.2f} |")
+    return lines
+
+
 def _layout_data(model_name: str) -> tuple[Splits, str]:
     from dptune.config import DatasetSpec
     from dptune.data import load_dataset
@@ -275,6 +341,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     ap.add_argument("--ops", choices=[c[0] for c in CASES], help="per-op profile of one model (see above)")
     ap.add_argument("--layouts", action="store_true", help="channels-last against NCHW (see above)")
+    ap.add_argument("--phases", choices=[c[0] for c in CASES], help="book-keeping's phases, timed (see above)")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -283,8 +350,9 @@ def main() -> None:
         peak_rss_child()
         return
     t0 = time.perf_counter()
-    if args.ops or args.layouts:
-        lines = op_table(args.ops, args.reps or 20) if args.ops else layout_table(args.reps or 30)
+    if args.ops or args.layouts or args.phases:
+        lines = op_table(args.ops, args.reps or 20) if args.ops else phase_table(args.phases, args.reps or 30) \
+            if args.phases else layout_table(args.reps or 30)
         print("\n".join(lines))
         if args.out:
             args.out.write_text("\n".join(lines) + "\n")

@@ -293,6 +293,21 @@ def test_the_step_overhead_profile_puts_the_per_example_work_on_the_dp_step_only
         assert 0 < ops <= wall
 
 
+def test_the_phase_table_splits_each_step_into_its_timed_parts(tmp_path: Path) -> None:
+    """``bench/step_overhead.py --phases gn_cnn``: the book-keeping step's forward, backward, each of the model's
+    seven trained layers' norms (in order), the recomputed sums (conv3 by ghost norm, the last Linear) and the step,
+    and the rest; the non-private step's parts; each side's parts add up to its total."""
+    out = tmp_path / "phases.md"
+    run_bench("bench/step_overhead.py", "--phases", "gn_cnn", "--reps", "2", "--threads", "1", "--out", str(out))
+    rows = {r[0]: float(r[1]) for r in _md_rows(out)}
+    layers = [k.split("(")[1].rstrip(")") for k in rows if k.startswith("dp: norms, layer")]
+    assert layers == ["Conv2d", "GroupNorm", "Conv2d", "GroupNorm", "Conv2d", "GroupNorm", "Linear"]
+    assert rows["dp: clipped sums recomputed"] > 0 and rows["non-private: backward"] > 0
+    for side in ("non-private", "dp"):
+        parts = [v for k, v in rows.items() if k.startswith(f"{side}: ") and k != f"{side}: total"]
+        assert min(parts) >= -0.01 and sum(parts) == pytest.approx(rows[f"{side}: total"], abs=0.01 * len(parts))
+
+
 def test_the_layout_table_times_both_cnns_as_built_and_in_nchw(tmp_path: Path) -> None:
     """``bench/step_overhead.py --layouts``: the GroupNorm CNN and the tanh CNN, each as built (channels-last) and
     in NCHW, the non-private step and the book-keeping trial step on real data, one row per model."""
