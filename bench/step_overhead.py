@@ -162,18 +162,23 @@ def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: 
     return med, quartiles, [len(b) for b in logical[2:]], chunk
 
 
+def _exact_case(model_name: str) -> tuple[TrialConfig, Splits, torch.Tensor, torch.Tensor, Engine]:
+    """One model's B rows (synthetic, fixed seed) and a book-keeping engine for them: --ops' and --phases' case."""
+    shape, batch = next((s, b) for n, s, b, _, _ in CASES if n == model_name)
+    cfg = _config(model_name, batch)
+    data = _fake_splits(shape, n=batch)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+    return cfg, data, x, y, make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1))
+
+
 def op_table(model_name: str, reps: int) -> list[str]:
     """Per-op self time (ms per step) of the non-private step and the book-keeping step on the same B rows."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    shape, batch = next((s, b) for n, s, b, _, _ in CASES if n == model_name)
-    cfg = _config(model_name, batch)
-    data = _fake_splits(shape, n=batch)
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
-    engine = make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1))
+    cfg, data, x, y, engine = _exact_case(model_name)
     steps = {"non-private": _plain_step(cfg, data, x, y), "bookkeeping": lambda: _exact_step(engine, x, y)}
     for _ in range(2):
         for fn in steps.values():
@@ -198,7 +203,7 @@ def op_table(model_name: str, reps: int) -> list[str]:
         if owner is not None:
             key = f"{e.name} {e.input_shapes[:2]}" if e.name in shaped else e.name
             ops[owner][key] += e.self_cpu_time_total / reps / 1e3
-    lines = [f"{model_name}, B {batch}, {reps} steps of each, interleaved; ms per step (self time)", "",
+    lines = [f"{model_name}, B {len(y)}, {reps} steps of each, interleaved; ms per step (self time)", "",
              "| op | non-private | bookkeeping |", "|---|---|---|"]
     keys = sorted(set(ops["non-private"]) | set(ops["bookkeeping"]),
                   key=lambda k: -(ops["non-private"].get(k, 0.0) + ops["bookkeeping"].get(k, 0.0)))
@@ -219,12 +224,7 @@ def phase_table(model_name: str, reps: int) -> list[str]:
     memory-bound ops), interleaved with the non-private step's forward, backward and SGD step; ms per step (mean)."""
     from collections import defaultdict
 
-    shape, batch = next((s, b) for n, s, b, _, _ in CASES if n == model_name)
-    cfg = _config(model_name, batch)
-    data = _fake_splits(shape, n=batch)
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
-    engine = make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1))
+    cfg, data, x, y, engine = _exact_case(model_name)
     plain = init_model(cfg, data)
     sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
     spent: dict[str, float] = defaultdict(float)
@@ -263,7 +263,7 @@ def phase_table(model_name: str, reps: int) -> list[str]:
                 spent[total] += time.perf_counter() - t
     finally:
         torch.autograd.grad = grad
-    lines = [f"{model_name}, B {batch}, {reps} steps of each, interleaved; ms per step (mean)", "",
+    lines = [f"{model_name}, B {len(y)}, {reps} steps of each, interleaved; ms per step (mean)", "",
              "| phase | ms |", "|---|---|"]
     for side in ("non-private", "dp"):
         parts = {k: v for k, v in spent.items() if k.startswith(f"{side}: ") and k != f"{side}: total"}
