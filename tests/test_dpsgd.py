@@ -378,6 +378,53 @@ def test_bookkeeping_stores_gradients_either_way_round(digits: Splits, views: in
             assert torch.allclose(p.summed_grad, q.grad, atol=1e-6), p.shape
 
 
+@pytest.mark.parametrize(("kernel", "padding", "size", "views", "channels_last"), [
+    ((3, 3), (1, 1), (4, 4), 1, True), ((3, 3), (0, 0), (6, 5), 2, False), ((2, 3), (1, 0), (5, 4), 3, True),
+    ((1, 1), (0, 0), (3, 3), 1, False), ((5, 5), (2, 2), (4, 6), 2, True)])
+def test_pixel_gram_is_the_patches_gram(kernel: tuple[int, int], padding: tuple[int, int], size: tuple[int, int],
+                                        views: int, channels_last: bool) -> None:
+    """A stride-1 conv's patch Gram A A^T from its padded pixels' Gram, views and positions in the order of the
+    output gradients' rows: the patches' own Gram, in float64 to 1e-12."""
+    from dptune.dpsgd import _bookkeeping
+
+    torch.manual_seed(0)
+    m = nn.Conv2d(3, 4, kernel, padding=padding).double()
+    r = 5
+    a = torch.randn(r * views, 3, *size, dtype=torch.float64)
+    if channels_last:
+        a = a.contiguous(memory_format=torch.channels_last)
+    g = torch.randn(r * views, 4, *m(a[:1]).shape[2:], dtype=torch.float64)
+    cols, gt = _bookkeeping._rows(m, a, g, r, views, _bookkeeping._Workspace(), 0)
+    got = _bookkeeping._pixel_gram(m, a, r, views, _bookkeeping._Workspace(), 0)
+    assert got.shape == (r, cols.shape[1], cols.shape[1])
+    assert torch.allclose(got, torch.bmm(cols, cols.transpose(1, 2)), rtol=0, atol=1e-12)
+    assert torch.equal(_bookkeeping._output_rows(g, r, views), gt)
+
+
+def test_bookkeeping_takes_a_stride_1_convs_ghost_norm_from_its_pixels(digits: Splits,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gn_cnn's conv3 (4x4 input, 3x3, ghost norm): its patch Gram comes from the pixels' Gram, once per backward,
+    and the clipped sum is still functorch's; a strided conv keeps the patches."""
+    from dptune.dpsgd import _bookkeeping
+
+    calls: list[tuple[int, ...]] = []
+    original = _bookkeeping._pixel_gram
+    monkeypatch.setattr(_bookkeeping, "_pixel_gram", lambda m, a, *rest: calls.append(tuple(a.shape))
+                        or original(m, a, *rest))
+    config = BASE.replace(max_grad_norm=0.5)
+    x, y = digits.train[0][:10], digits.train[1][:10]
+    ref = _engine("functorch", config, digits)
+    ref.backward(x, y, 0, 8)
+    ref.optimizer.clip_and_accumulate()
+    bk = _engine("bookkeeping", config, digits)
+    bk.backward(x, y, 0, 8)
+    assert calls == [(8, 64, 4, 4)]  # the real rows only
+    for p, q in zip(ref.params, bk.params, strict=True):
+        assert torch.allclose(p.summed_grad, q.grad, atol=1e-5), p.shape
+    assert not _bookkeeping._pixel_gram_pays(nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.zeros(1, 3, 8, 8))
+    assert _bookkeeping._pixel_gram_pays(nn.Conv2d(64, 64, 3, padding=1), torch.zeros(1, 64, 4, 4))
+
+
 @pytest.mark.parametrize("views", [0, 3])
 def test_bookkeeping_reuses_its_buffers_exactly(digits: Splits, views: int) -> None:
     """The engine keeps its patches, padded inputs and stored per-example gradients between steps (its CPU
