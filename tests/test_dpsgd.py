@@ -357,8 +357,8 @@ def test_bookkeeping_stores_gradients_either_way_round(digits: Splits, views: in
         return net.to(memory_format=torch.channels_last) if channels_last else net
 
     ways: list[bool] = []
-    original = _bookkeeping._arrangement
-    monkeypatch.setattr(_bookkeeping, "_arrangement",
+    original = _bookkeeping.arrangement
+    monkeypatch.setattr(_bookkeeping, "arrangement",
                         lambda w, conv, transposed: ways.append(transposed) or original(w, conv, transposed))
     config = BASE.replace(max_grad_norm=0.3, augmult=views)
     x, y = digits.train[0][:9], digits.train[1][:9]
@@ -385,7 +385,7 @@ def test_pixel_gram_is_the_patches_gram(kernel: tuple[int, int], padding: tuple[
                                         views: int, channels_last: bool) -> None:
     """A stride-1 conv's patch Gram A A^T from its padded pixels' Gram, views and positions in the order of the
     output gradients' rows: the patches' own Gram, in float64 to 1e-12."""
-    from dptune.dpsgd import _bookkeeping
+    from dptune.dpsgd import _perexample
 
     torch.manual_seed(0)
     m = nn.Conv2d(3, 4, kernel, padding=padding).double()
@@ -394,11 +394,11 @@ def test_pixel_gram_is_the_patches_gram(kernel: tuple[int, int], padding: tuple[
     if channels_last:
         a = a.contiguous(memory_format=torch.channels_last)
     g = torch.randn(r * views, 4, *m(a[:1]).shape[2:], dtype=torch.float64)
-    cols, gt = _bookkeeping._rows(m, a, g, r, views, _bookkeeping._Workspace(), 0)
-    got = _bookkeeping._pixel_gram(m, a, r, views, _bookkeeping._Workspace(), 0)
+    cols, gt = _perexample.layer_rows(m, a, g, r, views, _perexample.Workspace(), 0)
+    got = _perexample.pixel_gram(m, a, r, views, _perexample.Workspace(), 0)
     assert got.shape == (r, cols.shape[1], cols.shape[1])
     assert torch.allclose(got, torch.bmm(cols, cols.transpose(1, 2)), rtol=0, atol=1e-12)
-    assert torch.equal(_bookkeeping._output_rows(g, r, views), gt)
+    assert torch.equal(_perexample.output_rows(g, r, views), gt)
 
 
 def test_bookkeeping_takes_a_stride_1_convs_ghost_norm_from_its_pixels(digits: Splits,
@@ -408,8 +408,8 @@ def test_bookkeeping_takes_a_stride_1_convs_ghost_norm_from_its_pixels(digits: S
     from dptune.dpsgd import _bookkeeping
 
     calls: list[tuple[int, ...]] = []
-    original = _bookkeeping._pixel_gram
-    monkeypatch.setattr(_bookkeeping, "_pixel_gram", lambda m, a, *rest: calls.append(tuple(a.shape))
+    original = _bookkeeping.pixel_gram
+    monkeypatch.setattr(_bookkeeping, "pixel_gram", lambda m, a, *rest: calls.append(tuple(a.shape))
                         or original(m, a, *rest))
     config = BASE.replace(max_grad_norm=0.5)
     x, y = digits.train[0][:10], digits.train[1][:10]
@@ -421,8 +421,8 @@ def test_bookkeeping_takes_a_stride_1_convs_ghost_norm_from_its_pixels(digits: S
     assert calls == [(8, 64, 4, 4)]  # the real rows only
     for p, q in zip(ref.params, bk.params, strict=True):
         assert torch.allclose(p.summed_grad, q.grad, atol=1e-5), p.shape
-    assert not _bookkeeping._pixel_gram_pays(nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.zeros(1, 3, 8, 8))
-    assert _bookkeeping._pixel_gram_pays(nn.Conv2d(64, 64, 3, padding=1), torch.zeros(1, 64, 4, 4))
+    assert not _bookkeeping.pixel_gram_pays(nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.zeros(1, 3, 8, 8))
+    assert _bookkeeping.pixel_gram_pays(nn.Conv2d(64, 64, 3, padding=1), torch.zeros(1, 64, 4, 4))
 
 
 @pytest.mark.parametrize("views", [0, 3])

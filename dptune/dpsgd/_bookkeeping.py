@@ -11,7 +11,7 @@ Per layer (a: its input rows, g: the loss gradient at its output rows, T positio
 * **ghost / recomputed**: past that budget, the norm by the cheaper of ghost norm <A_i A_i^T, G_i G_i^T> (T²·(d_in +
   d_out), Bu et al.'s mixed ghost clipping) and the materialised gradient; the clipped sum is then one ordinary
   weight-gradient GEMM with the outputs' gradients scaled by the clip factors. A stride-1 conv's A_i A_i^T comes from
-  its padded pixels' Gram where that GEMM is no larger (``_pixel_gram``: no patches).
+  its padded pixels' Gram where that GEMM is no larger (``pixel_gram``: no patches).
 
 GroupNorm's per-example gradients are C numbers per parameter: always stored, and taken from its own backward
 (``_GroupNormRows``: the batch as one row of N·C channels, whose weight gradient is each row's). Padding rows (from
@@ -21,7 +21,6 @@ gradients.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +34,18 @@ from torch.nn.grad import conv2d_weight
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd._engines import Engine, _real_mask, engine
 from dptune.dpsgd._optim import SummedDPOptimizer, clip_factors, zero_rows
+from dptune.dpsgd._perexample import (
+    Arrange,
+    Workspace,
+    arrangement,
+    conv_per_row,
+    gradients,
+    layer_rows,
+    output_rows,
+    per_example,
+    pixel_gram,
+    pixel_gram_pays,
+)
 
 __all__ = ["STORED_FLOATS", "BookKeepingEngine"]
 
@@ -44,11 +55,6 @@ STORED_FLOATS = 1 << 26
 GROUPED_MIN_POSITIONS = 1024  # conv per-example gradients by grouped convolution from this many output positions
 
 
-# How a stored per-example gradient's row, summed, becomes the parameter's gradient: viewed as this shape, then
-# permuted (None: already the parameter's shape)
-Arrange = tuple[tuple[int, ...], tuple[int, ...]] | None
-
-
 @dataclass
 class _Layer:
     """A layer's share of one backward: per-example gradients kept (param -> r rows, laid out as ``Arrange`` says),
@@ -56,30 +62,6 @@ class _Layer:
 
     stored: list[tuple[nn.Parameter, torch.Tensor, Arrange]]  # (param, per-example gradients, their layout)
     redo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input rows, output-gradient rows) for the second GEMM
-
-
-class _Workspace:
-    """CPU buffers kept from one backward to the next, one per (layer, use), for the step's large temporaries (the
-    patches, the stored per-example gradients). A fresh allocation of that size is mapped anew by glibc every step
-    (above its mmap threshold, at most 32 MiB) and its page faults cost about as much as the bmm that fills it.
-    Off the CPU the caching allocator already reuses memory: plain allocations there."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-
-    def take(self, key: tuple[Any, ...], shape: tuple[int, ...], like: torch.Tensor, zeroed: bool = False
-             ) -> torch.Tensor:
-        """A ``shape`` buffer; ``zeroed``: all zeros when new, and later what its user left there: a padded input
-        whose user writes only the interior keeps its zero border (one buffer per row shape, so the border stays
-        where it was)."""
-        if like.device.type != "cpu":
-            return like.new_zeros(shape) if zeroed else like.new_empty(shape)
-        if zeroed:
-            key = (*key, *shape[1:])
-        n, buf = math.prod(shape), self.buffers.get(key)
-        if buf is None or buf.numel() < n or buf.dtype != like.dtype:
-            buf = self.buffers[key] = like.new_zeros(n) if zeroed else like.new_empty(n)
-        return buf[:n].view(shape)
 
 
 @engine("bookkeeping")
@@ -98,7 +80,7 @@ class BookKeepingEngine(Engine):
         self.layers = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
         self.acts: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self.norm_rows: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # GroupNorm -> (dγ, dβ) per row
-        self.work = _Workspace()
+        self.work = Workspace()
         for m in self.layers:
             m.register_forward_hook(self._save)
 
@@ -153,10 +135,10 @@ class BookKeepingEngine(Engine):
             # one example would decide whether the whole noised step is NaN).
             coef, drop = clip_factors(sq.sqrt(), self.clip)
             for m, plan in zip(self.layers, plans, strict=True):
-                for p, per_example, arrange in plan.stored:
+                for p, each, arrange in plan.stored:  # each example's gradient of p
                     if drop is not None:
-                        per_example = zero_rows(per_example, drop)
-                    summed = coef @ per_example.reshape(r, -1)
+                        each = zero_rows(each, drop)
+                    summed = coef @ each.reshape(r, -1)
                     p.grad = summed.view_as(p) if arrange is None else \
                         summed.view(arrange[0]).permute(arrange[1]).contiguous()
                 if plan.redo is not None:
@@ -205,7 +187,7 @@ class BookKeepingEngine(Engine):
         stored: list[tuple[nn.Parameter, torch.Tensor, Arrange]] = []
         weight, bias = cast(nn.Parameter, m.weight), cast("nn.Parameter | None", m.bias)
         if self._trains(bias):
-            gb = _per_example(g.reshape(g.shape[0], g.shape[1], -1).sum(2) if not isinstance(m, nn.Linear)
+            gb = per_example(g.reshape(g.shape[0], g.shape[1], -1).sum(2) if not isinstance(m, nn.Linear)
                               else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1), r, k)
             sq += gb.square().sum(1)
             stored.append((cast(nn.Parameter, bias), gb, None))
@@ -223,19 +205,19 @@ class BookKeepingEngine(Engine):
             grouped = isinstance(m, nn.Conv2d) and positions >= GROUPED_MIN_POSITIONS  # oneDNN's grouped wgrad
             arrange: Arrange = None
             if grouped:
-                gw = _per_example(_conv_per_row(cast(nn.Conv2d, m), a, g), r, k)
+                gw = per_example(conv_per_row(cast(nn.Conv2d, m), a, g), r, k)
             else:
-                cols, gt = _rows(m, a, g, r, k, self.work, i)
-                gw = _gradients(gt, cols, self.work.take((i, "stored"), (r, d_in * d_out), g))  # each example's
-                arrange = _arrangement(weight, isinstance(m, nn.Conv2d), d_in < d_out)
+                cols, gt = layer_rows(m, a, g, r, k, self.work, i)
+                gw = gradients(gt, cols, self.work.take((i, "stored"), (r, d_in * d_out), g))  # each example's
+                arrange = arrangement(weight, isinstance(m, nn.Conv2d), d_in < d_out)
             sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
             return _Layer([*stored, (weight, gw, arrange)])
-        if not explicit and isinstance(m, nn.Conv2d) and _pixel_gram_pays(m, a):
-            gram, gt = _pixel_gram(m, a, r, k, self.work, i), _output_rows(g, r, k)
+        if not explicit and isinstance(m, nn.Conv2d) and pixel_gram_pays(m, a):
+            gram, gt = pixel_gram(m, a, r, k, self.work, i), output_rows(g, r, k)
         else:
-            cols, gt = _rows(m, a, g, r, k, self.work, i)
+            cols, gt = layer_rows(m, a, g, r, k, self.work, i)
             if explicit:
-                sq += torch.linalg.vector_norm(_gradients(gt, cols).reshape(r, -1), dim=1).square()
+                sq += torch.linalg.vector_norm(gradients(gt, cols).reshape(r, -1), dim=1).square()
                 return _Layer(stored, (a, g))
             gram = torch.bmm(cols, cols.transpose(1, 2))
         sq += (gram * torch.bmm(gt.transpose(1, 2), gt)).sum((1, 2))  # ghost norm: <A A^T, G G^T>
@@ -253,7 +235,7 @@ class BookKeepingEngine(Engine):
         stored: list[tuple[nn.Parameter, torch.Tensor, Arrange]] = []
         for p, per_row in ((m.bias, rows[1]), (m.weight, rows[0])):
             if self._trains(p):
-                t = _per_example(per_row[:r * k], r, k)
+                t = per_example(per_row[:r * k], r, k)
                 sq += t.square().sum(1)
                 stored.append((cast(nn.Parameter, p), t, None))
         return _Layer(stored)
@@ -333,108 +315,3 @@ class _GroupNormRowsChannelsLast(torch.autograd.Function):
         dw = (ds.view(n, groups, -1) - db.view(n, groups, -1) * mean.view(n, groups, 1)) * rstd.view(n, groups, 1)
         ctx.keep((dw.view(n, c), db))
         return dx, None, None, None, None, None
-
-
-def _per_example(t: torch.Tensor, r: int, k: int) -> torch.Tensor:
-    """Per row -> per example: each example's K views summed (r examples)."""
-    return t.view(r, k, *t.shape[1:]).sum(1) if k > 1 else t
-
-
-def _rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, work: _Workspace, i: int
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per example, its input rows A (r, T, d_in) and output gradients G^T (r, d_out, T): T counts positions and
-    views (a Linear's extra dims are positions). A conv's d_in is ordered (kh, kw, C_in): see ``_unfold``."""
-    if isinstance(m, nn.Conv2d):
-        cols = _unfold(m, a, work, i)  # (rows, positions, d_in)
-        return cols.reshape(r, -1, cols.shape[-1]), _output_rows(g, r, k)
-    return a.reshape(r, -1, a.shape[-1]), g.reshape(r, -1, g.shape[-1]).transpose(1, 2)
-
-
-def _output_rows(g: torch.Tensor, r: int, k: int) -> torch.Tensor:
-    """A conv's output gradients per example, G^T (r, d_out, T): T counts its views' positions, view by view."""
-    gt = g.flatten(2)  # (rows, d_out, positions)
-    return gt.view(r, k, *gt.shape[1:]).transpose(1, 2).reshape(r, gt.shape[1], -1) if k > 1 else gt
-
-
-def _pixel_gram_pays(m: nn.Conv2d, a: torch.Tensor) -> bool:
-    """Whether ``_pixel_gram`` applies (stride 1, dilation 1) and its GEMM has no more FLOPs than the patches' Gram:
-    (Hp·Wp)²·C_in against T²·kh·kw·C_in per view pair."""
-    if m.stride != (1, 1) or m.dilation != (1, 1):
-        return False
-    pad = cast(tuple[int, int], m.padding)
-    (kh, kw), (h, w) = m.kernel_size, a.shape[2:]
-    hp, wp = h + 2 * pad[0], w + 2 * pad[1]
-    return (hp * wp) ** 2 <= ((hp - kh + 1) * (wp - kw + 1)) ** 2 * kh * kw
-
-
-def _pixel_gram(m: nn.Conv2d, a: torch.Tensor, r: int, k: int, work: _Workspace, i: int) -> torch.Tensor:
-    """The patches' Gram A A^T (r, T, T) of a stride-1 conv without its patches: each patch is kh x kw padded pixels,
-    so <patch(t), patch(t')> is the sum over the kernel's offsets of the padded pixels' Gram at (t + o, t' + o). One
-    GEMM of the pixels (Hp·Wp rows, C_in long) and kh + kw shifted sums. The same sums in another order (relative
-    difference about 4e-7 in float32; tested against the patches'). gn_cnn's conv3 norms at B 256: 2.10-2.40 against
-    3.16-3.79 ms with the patch copy and the patches' Gram (bench/results/step_overhead.md). T counts views and
-    positions, in ``_output_rows``' order."""
-    (kh, kw) = m.kernel_size
-    x = _padded(m, a, work, i)  # (rows, Hp, Wp, C_in)
-    hp, wp = x.shape[1], x.shape[2]
-    ho, wo = hp - kh + 1, wp - kw + 1
-    px = x.view(r, k * hp * wp, x.shape[3])
-    pix = torch.bmm(px, px.transpose(1, 2)).view(r, k, hp, wp, k, hp, wp)
-    rows = pix[:, :, :, :wo, :, :, :wo]
-    for o in range(1, kw):
-        rows = rows + pix[:, :, :, o:o + wo, :, :, o:o + wo]  # (r, k, Hp, Wo, k, Hp, Wo)
-    gram = rows[:, :, :ho, :, :, :ho]
-    for o in range(1, kh):
-        gram = gram + rows[:, :, o:o + ho, :, :, o:o + ho]  # (r, k, Ho, Wo, k, Ho, Wo)
-    return gram.reshape(r, k * ho * wo, k * ho * wo)
-
-
-def _gradients(gt: torch.Tensor, cols: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Each example's weight gradient G^T A from (r, d_out, T) and (r, T, d_in): (r, d_out, d_in), or (r, d_in, d_out)
-    where d_in < d_out. The same dot products; the batched GEMM's output rows are vectorised along their length, and
-    a short row wastes most of each vector (gn_cnn's first conv, d_in 9 against d_out 32: 0.93-0.96 against
-    0.25-0.26 ms at B 256, torch 2.14.1 on 1 thread, an AVX-512 CPU; bench/results/step_overhead.md)."""
-    r, d_out, d_in = gt.shape[0], gt.shape[1], cols.shape[2]
-    if d_in < d_out:
-        return torch.bmm(cols.transpose(1, 2), gt.transpose(1, 2),
-                         out=None if out is None else out.view(r, d_in, d_out))
-    return torch.bmm(gt, cols, out=None if out is None else out.view(r, d_out, d_in))
-
-
-def _arrangement(weight: torch.Tensor, conv: bool, transposed: bool) -> Arrange:
-    """The layout of ``_gradients``' rows against the weight's: a conv's d_in in (kh, kw, C_in) order (``_unfold``),
-    d_out first or (``transposed``) last."""
-    if not conv:
-        return ((weight.shape[1], weight.shape[0]), (1, 0)) if transposed else None
-    d_out, c_in, kh, kw = weight.shape
-    return ((kh, kw, c_in, d_out), (3, 2, 0, 1)) if transposed else ((d_out, kh, kw, c_in), (0, 3, 1, 2))
-
-
-def _unfold(m: nn.Conv2d, a: torch.Tensor, work: _Workspace, i: int) -> torch.Tensor:
-    """The conv's input patches (rows, positions, kh·kw·C_in): a channels-last strided view copied once, into the
-    workspace (F.unfold's im2col runs example by example on CPU, and its (C_in, kh, kw)-major layout makes the batched
-    GEMM slow)."""
-    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-    x = _padded(m, a, work, i).unfold(1, dh * (kh - 1) + 1, sh).unfold(2, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]  # (N, Ho, Wo, C, kh, kw)
-    x = x.permute(0, 1, 2, 4, 5, 3)
-    cols = work.take((i, "patches"), tuple(x.shape), a).copy_(x)
-    return cols.view(a.shape[0], x.shape[1] * x.shape[2], -1)
-
-
-def _padded(m: nn.Conv2d, a: torch.Tensor, work: _Workspace, i: int) -> torch.Tensor:
-    """The conv's input zero-padded, channels-last (rows, Hp, Wp, C_in), in the workspace."""
-    pad = cast(tuple[int, int], m.padding)
-    n, c, h, w = a.shape
-    x = work.take((i, "padded"), (n, h + 2 * pad[0], w + 2 * pad[1], c), a, zeroed=True)
-    x[:, pad[0]:pad[0] + h, pad[1]:pad[1] + w].copy_(a.permute(0, 2, 3, 1))
-    return x
-
-
-def _conv_per_row(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Each row's weight gradient (rows, C_out, C_in·kh·kw): the rows as the groups of one grouped convolution."""
-    n, c_in, c_out = a.shape[0], a.shape[1], g.shape[1]
-    shape = (n * c_out, c_in, *m.kernel_size)
-    _, gw, _ = torch.ops.aten.convolution_backward(
-        g.reshape(1, n * c_out, *g.shape[2:]), a.reshape(1, n * c_in, *a.shape[2:]), a.new_empty(shape), None,
-        m.stride, m.padding, m.dilation, False, (0, 0), n, (False, True, False))
-    return gw.view(n, c_out, -1)
