@@ -80,6 +80,17 @@ def _engine(mode: str, config: TrialConfig, data: Splits) -> dpsgd.Engine:
     return make_engine(mode, init_model(config, data), config, torch.Generator().manual_seed(0), noise_multiplier=0.0)
 
 
+def _clipped_sums(engine: dpsgd.Engine, x: torch.Tensor, y: torch.Tensor, views: int, n_real: int
+                  ) -> list[torch.Tensor]:
+    """The engine's sum of clipped per-example gradients over the first ``n_real`` rows, per parameter: Opacus clips
+    the per-sample gradients of hooks and functorch; ghost and book-keeping leave the sum in p.grad."""
+    engine.backward(x, y, views, n_real)
+    if engine.mode in ("ghost", "bookkeeping"):
+        return [p.grad for p in engine.params]
+    engine.optimizer.clip_and_accumulate()
+    return [p.summed_grad for p in engine.params]
+
+
 @pytest.mark.parametrize("mode", ["hooks", "functorch"])
 def test_augmult_each_example_contributes_at_most_the_clip_norm(digits: Splits, mode: str) -> None:
     k, clip = 4, 0.01
@@ -216,18 +227,24 @@ def test_adaptive_optimizers_train(small: Splits, optimizer: str) -> None:
 
 
 @pytest.mark.parametrize("views", [0, 3])
-def test_bookkeeping_matches_functorch(digits: Splits, views: int) -> None:
+def test_bookkeeping_matches_functorch(digits: Splits, views: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gn_cnn, padding rows and augmented views: functorch's clipped sum. Its conv3 (4x4 input, 3x3, ghost norm) takes
+    its patch Gram from the pixels' Gram, once per backward, on the real rows only."""
+    from dptune.dpsgd import _bookkeeping
+
+    calls: list[tuple[int, ...]] = []
+    original = _bookkeeping.pixel_gram
+    monkeypatch.setattr(_bookkeeping, "pixel_gram", lambda m, a, *rest: calls.append(tuple(a.shape))
+                        or original(m, a, *rest))
     config = BASE.replace(max_grad_norm=0.5, augmult=views)
     x, y = digits.train[0][:10], digits.train[1][:10]
     if views:
         x = augment_views(x, views, torch.Generator().manual_seed(0))
-    ref = _engine("functorch", config, digits)
-    ref.backward(x, y, views, 8)  # last two rows: padding
-    ref.optimizer.clip_and_accumulate()
+    ref = _clipped_sums(_engine("functorch", config, digits), x, y, views, 8)  # last two rows: padding
     bk = _engine("bookkeeping", config, digits)
-    bk.backward(x, y, views, 8)
-    for p, q in zip(ref.params, bk.params, strict=True):
-        assert torch.allclose(p.summed_grad, q.grad, atol=1e-5), p.shape
+    for p, q in zip(ref, _clipped_sums(bk, x, y, views, 8), strict=True):
+        assert torch.allclose(p, q, atol=1e-5), p.shape
+    assert calls == [(8 * max(views, 1), 64, 4, 4)]
     k = max(views, 1)
     for i in range(3):  # each example alone contributes at most the clip norm
         bk.backward(x[i * k:(i + 1) * k], y[i:i + 1], views)
@@ -289,15 +306,10 @@ def test_channels_last_tanh_cnn_clips_as_functorch(digits: Splits, mode: str,
     monkeypatch.setattr(_bookkeeping._GroupNormRowsChannelsLast, "backward",
                         staticmethod(lambda ctx, grad: calls.append(1) or original(ctx, grad)))
     ref = make_engine("functorch", init_model(config, data), config, torch.Generator(), noise_multiplier=0.0)
-    ref.backward(x, y, 0, 8)  # last two rows: padding
-    ref.optimizer.clip_and_accumulate()
     engine = make_engine(mode, model, config, torch.Generator(), noise_multiplier=0.0)
-    engine.backward(x, y, 0, 8)
-    if mode == "hooks":  # book-keeping and ghost leave the clipped sum in p.grad
-        engine.optimizer.clip_and_accumulate()
-    got = [p.summed_grad if mode == "hooks" else p.grad for p in engine.params]
-    for p, q in zip(ref.params, got, strict=True):
-        assert torch.allclose(p.summed_grad, q, atol=1e-6), p.shape
+    got = _clipped_sums(engine, x, y, 0, 8)
+    for p, q in zip(_clipped_sums(ref, x, y, 0, 8), got, strict=True):  # last two rows: padding
+        assert torch.allclose(p, q, atol=1e-6), p.shape
     assert calls == ([1, 1] if mode == "bookkeeping" else [])
 
 
@@ -321,15 +333,14 @@ def test_bookkeeping_takes_group_norm_gradients_from_its_backward_or_recomputes_
     x, y = digits.train[0][:9], digits.train[1][:9]
     if views:
         x = augment_views(x, views, torch.Generator().manual_seed(0))
-    ref = make_engine("functorch", model(), config, torch.Generator(), noise_multiplier=0.0)
-    ref.backward(x, y, views, 7)  # last two rows: padding
-    ref.optimizer.clip_and_accumulate()
+    ref = _clipped_sums(make_engine("functorch", model(), config, torch.Generator(), noise_multiplier=0.0),
+                        x, y, views, 7)  # last two rows: padding
     bk = make_engine("bookkeeping", model(), config, torch.Generator(), noise_multiplier=0.0)
     assert isinstance(bk, _bookkeeping.BookKeepingEngine)
-    bk.backward(x, y, views, 7)
+    got = _clipped_sums(bk, x, y, views, 7)
     assert calls == [1]  # the second GroupNorm's backward; the first one's does not run
-    for p, q in zip(ref.params, bk.params, strict=True):
-        assert torch.allclose(p.summed_grad, q.grad, atol=1e-6), p.shape
+    for p, q in zip(ref, got, strict=True):
+        assert torch.allclose(p, q, atol=1e-6), p.shape
     assert all("forward" not in m.__dict__ for m in bk.model.modules())  # the forward is patched for one pass only
 
 
@@ -365,17 +376,16 @@ def test_bookkeeping_stores_gradients_either_way_round(digits: Splits, views: in
     if views:
         x = augment_views(x, views, torch.Generator().manual_seed(0))
     for channels_last in (False, True):
-        ref = make_engine("functorch", model(False), config, torch.Generator(), noise_multiplier=0.0)
-        ref.backward(x, y, views, 7)  # last two rows: padding
-        ref.optimizer.clip_and_accumulate()
+        ref = _clipped_sums(make_engine("functorch", model(False), config, torch.Generator(), noise_multiplier=0.0),
+                            x, y, views, 7)  # last two rows: padding
         bk = make_engine("bookkeeping", model(channels_last), config, torch.Generator(), noise_multiplier=0.0)
         assert isinstance(bk, _bookkeeping.BookKeepingEngine)
         ways.clear()
-        bk.backward(x.contiguous(memory_format=torch.channels_last) if channels_last else x, y, views, 7)
+        got = _clipped_sums(bk, x.contiguous(memory_format=torch.channels_last) if channels_last else x, y, views, 7)
         assert ways == [True, False, True]  # the three stored weights (the last Linear: ghost norm, T 1)
-        for p, q in zip(ref.params, bk.params, strict=True):
-            assert q.grad is not None and q.grad.shape == p.shape
-            assert torch.allclose(p.summed_grad, q.grad, atol=1e-6), p.shape
+        for p, q in zip(ref, got, strict=True):
+            assert q is not None and q.shape == p.shape
+            assert torch.allclose(p, q, atol=1e-6), p.shape
 
 
 @pytest.mark.parametrize(("kernel", "padding", "size", "views", "channels_last"), [
@@ -401,26 +411,11 @@ def test_pixel_gram_is_the_patches_gram(kernel: tuple[int, int], padding: tuple[
     assert torch.equal(_perexample.output_rows(g, r, views), gt)
 
 
-def test_bookkeeping_takes_a_stride_1_convs_ghost_norm_from_its_pixels(digits: Splits,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """gn_cnn's conv3 (4x4 input, 3x3, ghost norm): its patch Gram comes from the pixels' Gram, once per backward,
-    and the clipped sum is still functorch's; a strided conv keeps the patches."""
+def test_pixel_gram_applies_to_stride_1_convs_where_its_gemm_is_no_larger() -> None:
+    """gn_cnn's conv3 (64 channels, 4x4, 3x3 padding 1: (6·6)² <= 4·4·4·4·9) takes it; a strided conv keeps the
+    patches (book-keeping's spy in ``test_bookkeeping_matches_functorch`` sees conv3 take it in a real backward)."""
     from dptune.dpsgd import _bookkeeping
 
-    calls: list[tuple[int, ...]] = []
-    original = _bookkeeping.pixel_gram
-    monkeypatch.setattr(_bookkeeping, "pixel_gram", lambda m, a, *rest: calls.append(tuple(a.shape))
-                        or original(m, a, *rest))
-    config = BASE.replace(max_grad_norm=0.5)
-    x, y = digits.train[0][:10], digits.train[1][:10]
-    ref = _engine("functorch", config, digits)
-    ref.backward(x, y, 0, 8)
-    ref.optimizer.clip_and_accumulate()
-    bk = _engine("bookkeeping", config, digits)
-    bk.backward(x, y, 0, 8)
-    assert calls == [(8, 64, 4, 4)]  # the real rows only
-    for p, q in zip(ref.params, bk.params, strict=True):
-        assert torch.allclose(p.summed_grad, q.grad, atol=1e-5), p.shape
     assert not _bookkeeping.pixel_gram_pays(nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.zeros(1, 3, 8, 8))
     assert _bookkeeping.pixel_gram_pays(nn.Conv2d(64, 64, 3, padding=1), torch.zeros(1, 64, 4, 4))
 
