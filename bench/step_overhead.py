@@ -351,8 +351,12 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     if args.ops or args.layouts or args.phases:
-        lines = op_table(args.ops, args.reps or 20) if args.ops else phase_table(args.phases, args.reps or 30) \
-            if args.phases else layout_table(args.reps or 30)
+        if args.ops:
+            lines = op_table(args.ops, args.reps or 20)
+        elif args.phases:
+            lines = phase_table(args.phases, args.reps or 30)
+        else:
+            lines = layout_table(args.reps or 30)
         print("\n".join(lines))
         if args.out:
             args.out.write_text("\n".join(lines) + "\n")

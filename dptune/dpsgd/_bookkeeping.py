@@ -188,7 +188,7 @@ class BookKeepingEngine(Engine):
         weight, bias = cast(nn.Parameter, m.weight), cast("nn.Parameter | None", m.bias)
         if self._trains(bias):
             gb = per_example(g.reshape(g.shape[0], g.shape[1], -1).sum(2) if not isinstance(m, nn.Linear)
-                              else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1), r, k)
+                             else g.reshape(g.shape[0], -1, g.shape[-1]).sum(1), r, k)
             sq += gb.square().sum(1)
             stored.append((cast(nn.Parameter, bias), gb, None))
         if not self._trains(weight):

@@ -48,7 +48,7 @@ def per_example(t: torch.Tensor, r: int, k: int) -> torch.Tensor:
 
 
 def layer_rows(m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, work: Workspace, i: int
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per example, its input rows A (r, T, d_in) and output gradients G^T (r, d_out, T): T counts positions and
     views (a Linear's extra dims are positions). A conv's d_in is ordered (kh, kw, C_in): see ``unfold``."""
     if isinstance(m, nn.Conv2d):
@@ -122,7 +122,8 @@ def unfold(m: nn.Conv2d, a: torch.Tensor, work: Workspace, i: int) -> torch.Tens
     workspace (F.unfold's im2col runs example by example on CPU, and its (C_in, kh, kw)-major layout makes the batched
     GEMM slow)."""
     (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-    x = padded(m, a, work, i).unfold(1, dh * (kh - 1) + 1, sh).unfold(2, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]  # (N, Ho, Wo, C, kh, kw)
+    x = padded(m, a, work, i)  # (N, Hp, Wp, C)
+    x = x.unfold(1, dh * (kh - 1) + 1, sh).unfold(2, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]  # (N, Ho, Wo, C, kh, kw)
     x = x.permute(0, 1, 2, 4, 5, 3)
     cols = work.take((i, "patches"), tuple(x.shape), a).copy_(x)
     return cols.view(a.shape[0], x.shape[1] * x.shape[2], -1)
