@@ -226,12 +226,16 @@ def test_adaptive_optimizers_train(small: Splits, optimizer: str) -> None:
     assert not result.diverged and result.val_accuracy_raw > 0.2
 
 
-@pytest.mark.parametrize("views", [0, 3])
-def test_bookkeeping_matches_functorch(digits: Splits, views: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """gn_cnn, padding rows and augmented views: functorch's clipped sum. Its conv3 (4x4 input, 3x3, ghost norm) takes
-    its patch Gram from the pixels' Gram, once per backward, on the real rows only."""
+@pytest.mark.parametrize(("views", "stored_over_ghost"), [(0, None), (3, None), (3, 1.0)])
+def test_bookkeeping_matches_functorch(digits: Splits, views: int, stored_over_ghost: float | None,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """gn_cnn, padding rows and augmented views: functorch's clipped sum. Its conv3 (4x4 input, 3x3) takes the ghost
+    norm, its patch Gram from the pixels' Gram, once per backward, on the real rows only; with three views its T is
+    48, and its gradient is kept (T·d_in·d_out <= 2·T²·(d_in + d_out)) unless the rule is Bu et al.'s own (1.0)."""
     from dptune.dpsgd import _bookkeeping
 
+    if stored_over_ghost is not None:
+        monkeypatch.setattr(_bookkeeping, "STORED_OVER_GHOST", stored_over_ghost)
     calls: list[tuple[int, ...]] = []
     original = _bookkeeping.pixel_gram
     monkeypatch.setattr(_bookkeeping, "pixel_gram", lambda m, a, *rest: calls.append(tuple(a.shape))
@@ -244,7 +248,7 @@ def test_bookkeeping_matches_functorch(digits: Splits, views: int, monkeypatch: 
     bk = _engine("bookkeeping", config, digits)
     for p, q in zip(ref, _clipped_sums(bk, x, y, views, 8), strict=True):
         assert torch.allclose(p, q, atol=1e-5), p.shape
-    assert calls == [(8 * max(views, 1), 64, 4, 4)]
+    assert calls == ([(8 * max(views, 1), 64, 4, 4)] if views == 0 or stored_over_ghost == 1.0 else [])
     k = max(views, 1)
     for i in range(3):  # each example alone contributes at most the clip norm
         bk.backward(x[i * k:(i + 1) * k], y[i:i + 1], views)
@@ -286,7 +290,8 @@ def test_channels_last_tanh_cnn_clips_as_functorch(digits: Splits, mode: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The tanh CNN runs channels-last (its max-pools' fast CPU kernel): every per-example mode still gives
     functorch's clipped sum (real digits, upsampled to MNIST's 28x28; padding rows), the same function as the NCHW
-    model up to float rounding, and book-keeping takes both GroupNorms' gradients from their channels-last backward.
+    model up to float rounding, and book-keeping takes both GroupNorms' gradients from their channels-last backward
+    and keeps both convs' gradients (conv2: T·d_in·d_out 1.14x the ghost norm's cost), recomputing the Linears' sums.
     Opacus' conv rules read a conv's input with NCHW strides: without ``contiguous_conv_inputs`` hooks and ghost
     were off by up to 0.49 in a per-sample gradient of conv2 (any channels-last conv input)."""
     from dptune.dpsgd import _bookkeeping
@@ -305,12 +310,17 @@ def test_channels_last_tanh_cnn_clips_as_functorch(digits: Splits, mode: str,
     original = _bookkeeping._GroupNormRowsChannelsLast.backward
     monkeypatch.setattr(_bookkeeping._GroupNormRowsChannelsLast, "backward",
                         staticmethod(lambda ctx, grad: calls.append(1) or original(ctx, grad)))
+    recomputed: list[str] = []
+    redo = _bookkeeping.BookKeepingEngine._clipped_sum
+    monkeypatch.setattr(_bookkeeping.BookKeepingEngine, "_clipped_sum",
+                        lambda self, m, *rest: recomputed.append(type(m).__name__) or redo(self, m, *rest))
     ref = make_engine("functorch", init_model(config, data), config, torch.Generator(), noise_multiplier=0.0)
     engine = make_engine(mode, model, config, torch.Generator(), noise_multiplier=0.0)
     got = _clipped_sums(engine, x, y, 0, 8)
     for p, q in zip(_clipped_sums(ref, x, y, 0, 8), got, strict=True):  # last two rows: padding
         assert torch.allclose(p, q, atol=1e-6), p.shape
     assert calls == ([1, 1] if mode == "bookkeeping" else [])
+    assert recomputed == (["Linear", "Linear"] if mode == "bookkeeping" else [])
 
 
 @pytest.mark.parametrize("views", [0, 2])
