@@ -10,10 +10,11 @@ Per layer (a: its input rows, g: the loss gradient at its output rows, T positio
   while the physical batch's stored gradients fit ``STORED_FLOATS``, where T·d_in·d_out is at most
   ``STORED_OVER_GHOST`` times the ghost norm's T²·(d_in + d_out): Bu et al.'s rule weighs the norms alone, but a
   ghost-norm layer also pays the clipped sum's GEMM, which a kept gradient spares.
-* **ghost / recomputed**: past that budget, the norm by the cheaper of ghost norm <A_i A_i^T, G_i G_i^T> (T²·(d_in +
-  d_out), Bu et al.'s mixed ghost clipping) and the materialised gradient; the clipped sum is then one ordinary
-  weight-gradient GEMM with the outputs' gradients scaled by the clip factors. A stride-1 conv's A_i A_i^T comes from
-  its padded pixels' Gram where that GEMM is no larger (``pixel_gram``: no patches).
+* **ghost / recomputed**: otherwise (past that budget or that cost), the norm by the cheaper of ghost norm
+  <A_i A_i^T, G_i G_i^T> (T²·(d_in + d_out), Bu et al.'s mixed ghost clipping) and the materialised gradient; the
+  clipped sum is then one ordinary weight-gradient GEMM with the outputs' gradients scaled by the clip factors. A
+  stride-1 conv's A_i A_i^T comes from its padded pixels' Gram where that GEMM is no larger (``pixel_gram``: no
+  patches).
 
 GroupNorm's per-example gradients are C numbers per parameter: always stored, and taken from its own backward
 (``_GroupNormRows``: the batch as one row of N·C channels, whose weight gradient is each row's). Padding rows (from
