@@ -191,6 +191,28 @@ def test_reservation_is_durable_across_a_server_crash_and_refused_while_it_is_do
     assert [(c.name, c.status) for c in led.charges()] == [("before the crash", "committed")]
 
 
+def test_a_connection_lost_inside_a_write_is_a_clear_error_and_stores_nothing(pg: Any, pg_url: str) -> None:
+    """Item 5: the server ends the ledger's connection in the middle of a write transaction (another session
+    terminates its backend): the write raises LedgerUnavailable, which says the connection was lost and names the
+    host, not a driver traceback; nothing of it is stored, and the next write works."""
+    led = Ledger(pg_url)
+    led.set_budget(FP, 50.0, DELTA)
+
+    def lost_midway(con: Any) -> None:
+        con.execute("INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256) "
+                    "VALUES (%s, 'half-written', '{}', 1.0, 'reserved', 0, 'tok', 'sha')", (FP,))
+        pid = con.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        con.execute("SELECT 1")
+
+    with pytest.raises(LedgerUnavailable, match=f"was lost .*127.0.0.1:{pg.port}|127.0.0.1:{pg.port}.*was lost"):
+        led._transact(lost_midway)
+    assert led.charges() == []
+    cid = led.reserve(FP, "after", _event())
+    assert [(c.id, c.status) for c in led.charges()] == [(cid, "reserved")]
+
+
 def test_unreachable_server_at_start_exits_2_naming_the_host_not_the_password(tmp_path: Path) -> None:
     """Item 5: a search whose team ledger cannot be reached stops with exit 2 before anything is charged or
     written (no run folder), with a message that names the server and never the password."""

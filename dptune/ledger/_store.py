@@ -136,17 +136,12 @@ class Ledger:
         return cast(DbCon, self._backend.connect(read_only=self.read_only))
 
     @contextmanager
-    def _write(self, exclusive: bool = False) -> Iterator[DbCon]:
+    def _session(self) -> Iterator[DbCon]:
+        """A connection, closed after use; an error that means the database is gone is raised as the backend's
+        clear message."""
         con = self._connect()
         try:
-            self._backend.begin(con, exclusive)
-            try:
-                yield con
-            except BaseException:
-                with suppress(Exception):  # a lost connection has rolled back already
-                    con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
+            yield con
         except Exception as e:
             lost = self._backend.unavailable(e)
             if lost is not None:
@@ -155,6 +150,18 @@ class Ledger:
         finally:
             with suppress(Exception):
                 con.close()
+
+    @contextmanager
+    def _write(self, exclusive: bool = False) -> Iterator[DbCon]:
+        with self._session() as con:
+            self._backend.begin(con, exclusive)
+            try:
+                yield con
+            except BaseException:
+                with suppress(Exception):  # a lost connection has rolled back already
+                    con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
 
     def _transact(self, body: Callable[[DbCon], T]) -> T:
         """``body`` in one write transaction, retried from the start on a serialization failure or deadlock
@@ -170,17 +177,8 @@ class Ledger:
         raise AssertionError("unreachable")
 
     def _read(self, query: str, args: tuple = ()) -> list[tuple]:
-        con = self._connect()
-        try:
+        with self._session() as con:
             return list(con.execute(query, args).fetchall())
-        except Exception as e:
-            lost = self._backend.unavailable(e)
-            if lost is not None:
-                raise lost from None
-            raise
-        finally:
-            with suppress(Exception):
-                con.close()
 
     # --- certificate authentication ------------------------------------------------------------------
 
