@@ -207,9 +207,9 @@ class BookKeepingEngine(Engine):
         # Bu et al.'s choice for the norm: the materialised gradient where it costs less than the ghost norm. A kept
         # gradient also spares the clipped sum's GEMM (a GEMV instead), so it is kept up to STORED_OVER_GHOST times
         # the ghost norm's cost while the budget lasts; else the clipped sum is recomputed
-        ghost = t * t * (d_in + d_out)
-        explicit = t * d_in * d_out <= ghost
-        if t * d_in * d_out <= STORED_OVER_GHOST * ghost and r * weight.numel() <= budget:
+        materialised, ghost = t * d_in * d_out, t * t * (d_in + d_out)
+        explicit = materialised <= ghost
+        if materialised <= STORED_OVER_GHOST * ghost and r * weight.numel() <= budget:
             grouped = isinstance(m, nn.Conv2d) and positions >= GROUPED_MIN_POSITIONS  # oneDNN's grouped wgrad
             arrange: Arrange = None
             if grouped:
