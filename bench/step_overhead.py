@@ -1,6 +1,7 @@
 """Step-time overhead of DP-SGD over non-private SGD, per clipping mode, measured interleaved.
 
-    python bench/step_overhead.py [--quick] [--reps N] [--threads N] [--exact-batch] [--no-memory] [--out FILE]
+    python bench/step_overhead.py [--quick] [--reps N] [--models M ...] [--threads N] [--exact-batch] [--no-memory]
+        [--out FILE]
     python bench/step_overhead.py --ops MODEL [--reps N] [--threads N] [--out FILE]
     python bench/step_overhead.py --layouts [--reps N] [--threads N] [--out FILE]
     python bench/step_overhead.py --phases MODEL [--reps N] [--threads N] [--out FILE]
@@ -14,8 +15,9 @@ pure per-example clipping overhead). The non-private step is plain SGD on a fixe
 
 For each model the non-private step and the DP step of every mode run round-robin in one process (so machine
 noise hits all alike), each repetition on the same logical batch for every mode; the table shows median DP
-time / median non-private time. Also the peak RSS of a ResNet-9 DP step at physical batch 64 (in a fresh
-subprocess, so earlier runs don't count).
+time / median non-private time; for book-keeping also the quartiles of the paired ratios (mostly the Poisson
+batch sizes' spread) and a 90 % bootstrap interval of the ratio (how far one run's figure can be trusted). Also
+the peak RSS of a ResNet-9 DP step at physical batch 64 (in a fresh subprocess, so earlier runs don't count).
 
 ``--layouts`` times the GroupNorm CNN and the tanh CNN as built (channels-last on CPU) against the same models in
 NCHW, on real data (digits; MNIST t10k when ../shared holds it, else digits upsampled to 28x28): the non-private step
@@ -126,7 +128,7 @@ def _exact_step(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool
-                ) -> tuple[dict[str, float], tuple[float, float], list[int], int]:
+                ) -> tuple[dict[str, float], tuple[float, ...], list[int], int]:
     cfg = _config(model_name, batch)
     chunk = cfg.physical_batch_size
     data = _fake_splits(shape, n=batch)
@@ -155,11 +157,16 @@ def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: 
         steps[mode] = dp_step
     times = _interleaved(steps, logical)
     med = {k: statistics.median(v) for k, v in times.items()}
-    # each repetition's book-keeping step over the non-private step run just before it: machine noise comes in
-    # phases of seconds, and this spread says how far one run's median ratio can be trusted
-    paired = sorted(d / p for d, p in zip(times["bookkeeping"], times["non-private"], strict=True))
-    quartiles = (paired[len(paired) // 4], paired[(3 * len(paired)) // 4])
-    return med, quartiles, [len(b) for b in logical[2:]], chunk
+    return med, _spread(times["bookkeeping"], times["non-private"]), [len(b) for b in logical[2:]], chunk
+
+
+def _spread(dp: list[float], plain: list[float], draws: int = 2000) -> tuple[float, ...]:
+    """The quartiles of each repetition's dp / plain (the step run just before it), and a 90 % bootstrap interval
+    of median(dp) / median(plain), the repetitions resampled as pairs (fixed seed)."""
+    paired, gen, n = sorted(d / p for d, p in zip(dp, plain, strict=True)), torch.Generator().manual_seed(0), len(dp)
+    ratios = sorted(statistics.median(dp[i] for i in idx) / statistics.median(plain[i] for i in idx)
+                    for idx in torch.randint(0, n, (draws, n), generator=gen).tolist())
+    return paired[n // 4], paired[(3 * n) // 4], ratios[draws // 20], ratios[draws - 1 - draws // 20]
 
 
 def _exact_case(model_name: str) -> tuple[TrialConfig, Splits, torch.Tensor, torch.Tensor, Engine]:
@@ -342,6 +349,7 @@ def main() -> None:
     ap.add_argument("--ops", choices=[c[0] for c in CASES], help="per-op profile of one model (see above)")
     ap.add_argument("--layouts", action="store_true", help="channels-last against NCHW (see above)")
     ap.add_argument("--phases", choices=[c[0] for c in CASES], help="book-keeping's phases, timed (see above)")
+    ap.add_argument("--models", nargs="+", choices=[c[0] for c in CASES], help="only these models")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -361,20 +369,22 @@ def main() -> None:
         if args.out:
             args.out.write_text("\n".join(lines) + "\n")
         return
-    cases = [(n, s, b, q if args.quick else (args.reps or r)) for n, s, b, r, q in CASES]
+    cases = [(n, s, b, q if args.quick else (args.reps or r)) for n, s, b, r, q in CASES
+             if not args.models or n in args.models]
     what = "engine on exactly B rows" if args.exact_batch else "trial step: Poisson batch, physical chunks, padding, noise"
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; DP step = {what}; "
              "ratio = median DP step / median non-private step (interleaved)", "",
              "| model | B | physical | reps | logical batch sizes | non-private ms | " + " | ".join(MODES)
-             + " | bookkeeping, quartiles of paired ratios |", "|---|---|---|---|---|---|" + "---|" * (len(MODES) + 1)]
+             + " | bookkeeping, quartiles of paired ratios | bookkeeping, 90 % interval |",
+             "|---|---|---|---|---|---|" + "---|" * (len(MODES) + 2)]
     print(lines[0])
     for name, shape, batch, reps in cases:
-        med, quartiles, sizes, chunk = bench_model(name, shape, batch, reps, args.exact_batch)
+        med, spread, sizes, chunk = bench_model(name, shape, batch, reps, args.exact_batch)
         base = med["non-private"]
         lines.append(f"| {name} | {batch} | {chunk} | {reps} | {min(sizes)}-{max(sizes)} (median "
                      f"{statistics.median(sizes):g}) | {base * 1e3:.1f} | "
                      + " | ".join(f"{med[m] / base:.2f}x" for m in MODES)
-                     + " | {:.2f}-{:.2f}x |".format(*quartiles))
+                     + " | {:.2f}-{:.2f}x | {:.2f}-{:.2f}x |".format(*spread))
         print(lines[-1], flush=True)
     if not args.no_memory:
         out = subprocess.run([sys.executable, __file__, "--rss-child"], capture_output=True, text=True, check=True)

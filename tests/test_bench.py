@@ -293,6 +293,19 @@ def test_the_step_overhead_profile_puts_the_per_example_work_on_the_dp_step_only
         assert 0 < ops <= wall
 
 
+def test_the_every_mode_table_runs_the_chosen_model_with_its_spread(tmp_path: Path) -> None:
+    """``bench/step_overhead.py --quick --models gn_cnn``: one row, the GroupNorm CNN's, each mode's ratio, and for
+    book-keeping the quartiles of the paired ratios and a bootstrap interval of the ratio, each low to high."""
+    out = tmp_path / "modes.md"
+    run_bench("bench/step_overhead.py", "--quick", "--models", "gn_cnn", "--threads", "1", "--no-memory",
+              "--out", str(out))
+    rows = _md_rows(out)
+    assert [r[0] for r in rows] == ["gn_cnn"]
+    ratios = [float(v.rstrip("x")) for v in rows[0][6:10]]
+    (q1, q3), (lo, hi) = ([float(v) for v in rows[0][i].rstrip("x").split("-")] for i in (10, 11))
+    assert min(ratios) > 0 and q1 <= q3 and lo <= hi and 0 < lo
+
+
 def test_the_phase_table_splits_each_step_into_its_timed_parts(tmp_path: Path) -> None:
     """``bench/step_overhead.py --phases gn_cnn``: the book-keeping step's forward, backward, each of the model's
     seven trained layers' norms (in order), the recomputed sums (conv3 by ghost norm, the last Linear) and the step,
