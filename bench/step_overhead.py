@@ -28,8 +28,8 @@ B rows, interleaved under torch.profiler, each op's self time per step side by s
 and each step's wall time; wall time less the ops' sum is Python, dispatch and autograd's own work.
 
 ``--phases MODEL`` times the same two steps without the profiler (which inflates memory-bound ops), each phase by
-wrapping it: the book-keeping engine's forward, its backward to the layer outputs, each layer's norms, the recomputed
-clipped sums and the optimizer's noise and step; the non-private forward, backward and SGD step; the rest of each.
+wrapping it: book-keeping's forward, its backward to the layer outputs, each layer's norms, the kept per-example
+gradients, the recomputed clipped sums, the noise and the step; the non-private forward, backward and step; the rest.
 """
 
 from __future__ import annotations
@@ -248,6 +248,7 @@ def phase_table(model_name: str, reps: int) -> list[str]:
     engine.model.forward = timed(lambda *_: "dp: forward", engine.model.forward)  # type: ignore[method-assign]
     engine._norms = timed(lambda i, m, *_: f"dp: norms, layer {i} ({type(m).__name__})", engine._norms)  # type: ignore
     engine._clipped_sum = timed(lambda *_: "dp: clipped sums recomputed", engine._clipped_sum)  # type: ignore
+    engine._keep = timed(lambda *_: "dp: kept gradients (the largest streamed with its sum)", engine._keep)  # type: ignore
     engine.optimizer.step = timed(lambda *_: "dp: noise and the step", engine.optimizer.step)  # type: ignore
     plain.forward = timed(lambda *_: "non-private: forward", plain.forward)  # type: ignore[method-assign]
 

@@ -281,13 +281,15 @@ def _md_rows(path: Path) -> list[list[str]]:
 
 def test_the_step_overhead_profile_puts_the_per_example_work_on_the_dp_step_only(tmp_path: Path) -> None:
     """``bench/step_overhead.py --ops gn_cnn``: the non-private and book-keeping steps profiled interleaved; the
-    per-example ``bmm`` of the second conv (256 rows, 64 x 288 per example) and the clip-factor GEMV are the DP step's
-    alone, both steps run the same forward convolution, and each step's ops fit inside its wall time."""
+    per-example ``bmm`` of the second conv (64 x 288 per example, streamed in blocks of rows) and the clip-factor GEMV
+    are the DP step's alone, both steps run the same forward convolution, and each step's ops fit inside its wall
+    time."""
     out = tmp_path / "ops.md"
     run_bench("bench/step_overhead.py", "--ops", "gn_cnn", "--reps", "2", "--threads", "1", "--out", str(out))
     rows = {r[0]: [float(v) for v in r[1:]] for r in _md_rows(out)}
-    assert rows["aten::bmm [[256, 64, 64], [256, 64, 288]]"][0] == 0 < rows["aten::bmm [[256, 64, 64], [256, 64, 288]]"][1]
-    assert rows["aten::mm [[1, 256], [256, 18432]]"][0] == 0 < rows["aten::mm [[1, 256], [256, 18432]]"][1]
+    for pattern in (r"aten::bmm \[\[(\d+), 64, 64\], \[\1, 64, 288\]\]", r"aten::mm \[\[1, (\d+)\], \[\1, 18432\]\]"):
+        found = [v for k, v in rows.items() if re.fullmatch(pattern, k)]
+        assert found and all(v[0] == 0 for v in found) and max(v[1] for v in found) > 0, pattern
     assert min(rows["aten::mkldnn_convolution [[256, 32, 8, 8], [64, 32, 3, 3]]"]) > 0
     for ops, wall in zip(rows["all ops"], rows["wall time"], strict=True):
         assert 0 < ops <= wall

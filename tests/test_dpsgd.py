@@ -255,6 +255,36 @@ def test_bookkeeping_matches_functorch(digits: Splits, views: int, stored_over_g
         assert float(torch.cat([q.grad.flatten() for q in bk.params]).norm()) <= 0.5 * (1 + 1e-5)
 
 
+@pytest.mark.parametrize(("views", "stream_floats", "rows"), [(0, 1, 1), (0, 100_000, 2), (0, 1 << 20, 8),
+                                                              (2, 200_000, 3)])
+def test_bookkeeping_streams_its_largest_kept_weight_block_by_block(digits: Splits, views: int, stream_floats: int,
+                                                                    rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gn_cnn with two padding rows and an example whose gradient is NaN: the kept weight with the most per-example
+    floats (conv2; with two views conv3, then kept too) is computed after every other layer's norms, ``rows`` real rows
+    a block (``STREAM_FLOATS``), each block once; the others whole. The clipped sums are functorch's, the NaN example
+    adding nothing."""
+    from dptune.dpsgd import _bookkeeping
+
+    monkeypatch.setattr(_bookkeeping, "STREAM_FLOATS", stream_floats)
+    calls: list[tuple[int, int]] = []
+    original = _bookkeeping.BookKeepingEngine._kept_rows
+    monkeypatch.setattr(_bookkeeping.BookKeepingEngine, "_kept_rows",
+                        lambda self, i, m, a, g, r, k: calls.append((i, r)) or original(self, i, m, a, g, r, k))
+    config = BASE.replace(max_grad_norm=0.5, augmult=views)
+    k = max(views, 1)
+    x, y = digits.train[0][:10], digits.train[1][:10]
+    x = augment_views(x, views, torch.Generator().manual_seed(0)) if views else x.clone()
+    x[3 * k, 0, 3, 3] = float("nan")
+    ref = _clipped_sums(_engine("functorch", config, digits), x, y, views, 8)  # last two rows: padding
+    bk = _engine("bookkeeping", config, digits)
+    got = _clipped_sums(bk, x, y, views, 8)
+    for p, q in zip(ref, got, strict=True):
+        assert bool(torch.isfinite(q).all()) and torch.allclose(p, q, atol=1e-5), p.shape
+    streamed = 4 if views else 2  # conv3 (64 x 576 weights) when kept, else conv2 (64 x 288)
+    whole = [(0, 8), (2, 8)] if views else [(0, 8)]  # conv1 (and conv2), each kept whole
+    assert calls == [*whole, *((streamed, min(rows, 8 - s)) for s in range(0, 8, rows))]
+
+
 @pytest.mark.parametrize(("shape", "channels_last"), [((5, 8, 3, 4), False), ((7, 6), False), ((3, 4, 2, 2, 3), False),
                                                       ((5, 8, 3, 4), True)])
 def test_group_norm_rows_is_group_norm_and_gives_each_rows_gradients(shape: tuple[int, ...],
@@ -392,7 +422,9 @@ def test_bookkeeping_stores_gradients_either_way_round(digits: Splits, views: in
         assert isinstance(bk, _bookkeeping.BookKeepingEngine)
         ways.clear()
         got = _clipped_sums(bk, x.contiguous(memory_format=torch.channels_last) if channels_last else x, y, views, 7)
-        assert ways == [True, False, True]  # the three stored weights (the last Linear: ghost norm, T 1)
+        # the three kept weights (the last Linear: ghost norm, T 1): conv1 and the Linear on positions, then conv2,
+        # the largest, streamed after every other layer's norms
+        assert ways == [True, True, False]
         for p, q in zip(ref, got, strict=True):
             assert q is not None and q.shape == p.shape
             assert torch.allclose(p, q, atol=1e-6), p.shape

@@ -15,6 +15,10 @@ Per layer (a: its input rows, g: the loss gradient at its output rows, T positio
   clipped sum is then one ordinary weight-gradient GEMM with the outputs' gradients scaled by the clip factors. A
   stride-1 conv's A_i A_i^T comes from its padded pixels' Gram where that GEMM is no larger (``pixel_gram``: no
   patches).
+* **streamed**: the kept weight with the most per-example floats is computed last, once every other layer's norms
+  are summed, in blocks of rows (``STREAM_FLOATS``): a block's gradients give its rows' last norms, hence their clip
+  factors, and its share of the clipped sum while it is still in cache. That layer's gradients are never all in
+  memory, and they are read once instead of three times (the GEMM's output, the norm, the sum).
 
 GroupNorm's per-example gradients are C numbers per parameter: always stored, and taken from its own backward
 (``_GroupNormRows``: the batch as one row of N·C channels, whose weight gradient is each row's). Padding rows (from
@@ -59,6 +63,9 @@ STORED_FLOATS = 1 << 26
 # its step 4 % faster; gn_cnn's conv3 (3.6x) kept, its step 12 % slower (paired, bench/results/step_overhead.md)
 STORED_OVER_GHOST = 2.0
 GROUPED_MIN_POSITIONS = 1024  # conv per-example gradients by grouped convolution from this many output positions
+# floats (patches and per-example gradients) of one block of the streamed layer's rows: a block stays in cache from its
+# GEMM to its norm and its share of the clipped sum (gn_cnn's conv2: 28 rows; the engine's step about 4 % faster)
+STREAM_FLOATS = 1 << 20
 
 
 @dataclass
@@ -68,6 +75,8 @@ class _Layer:
 
     stored: list[tuple[nn.Parameter, torch.Tensor, Arrange]]  # (param, per-example gradients, their layout)
     redo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input rows, output-gradient rows) for the second GEMM
+    kept: tuple[int, nn.Module, torch.Tensor, torch.Tensor] | None = None  # (index, layer, a, g): weight kept, not yet
+    floats: int = 0  # its per-example gradients' floats, against the budget
 
 
 @engine("bookkeeping")
@@ -134,8 +143,9 @@ class BookKeepingEngine(Engine):
             sq, budget, plans = x.new_zeros(r), STORED_FLOATS, []
             for i, (m, g) in enumerate(zip(self.layers, grads, strict=True)):  # padding rows: zero weight, left out
                 plan = self._norms(i, m, self.acts[m][0][:r * k], g[:r * k], r, k, sq, budget)
-                budget -= sum(t.numel() for _, t, _ in plan.stored)
+                budget -= sum(t.numel() for _, t, _ in plan.stored) + plan.floats
                 plans.append(plan)
+            self._keep(plans, r, k, sq)
             # An example whose gradient norm is not finite (an overflow, a NaN) contributes exactly zero: a
             # per-example rule, so the sum stays a sum of contributions of norm <= C (0 * inf would be NaN and
             # one example would decide whether the whole noised step is NaN).
@@ -187,7 +197,8 @@ class BookKeepingEngine(Engine):
 
     def _norms(self, i: int, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor,
                budget: int) -> _Layer:
-        """Adds the layer's per-example squared gradient norms to ``sq`` (a frozen weight adds none)."""
+        """Adds the layer's per-example squared gradient norms to ``sq`` (a frozen weight adds none); a weight whose
+        per-example gradients are kept adds them later (``_keep``)."""
         if isinstance(m, nn.GroupNorm):
             return self._group_norm_rows(m, a, g, r, k, sq)
         stored: list[tuple[nn.Parameter, torch.Tensor, Arrange]] = []
@@ -200,8 +211,7 @@ class BookKeepingEngine(Engine):
         if not self._trains(weight):
             return _Layer(stored)
         if isinstance(m, nn.Conv2d):
-            positions = g.shape[2] * g.shape[3]
-            d_in, d_out, t = weight[0].numel(), weight.shape[0], k * positions
+            d_in, d_out, t = weight[0].numel(), weight.shape[0], k * g.shape[2] * g.shape[3]
         else:
             d_in, d_out, t = a.shape[-1], g.shape[-1], a[:1].numel() // a.shape[-1] * k
         # Bu et al.'s choice for the norm: the materialised gradient where it costs less than the ghost norm. A kept
@@ -210,16 +220,7 @@ class BookKeepingEngine(Engine):
         materialised, ghost = t * d_in * d_out, t * t * (d_in + d_out)
         explicit = materialised <= ghost
         if materialised <= STORED_OVER_GHOST * ghost and r * weight.numel() <= budget:
-            grouped = isinstance(m, nn.Conv2d) and positions >= GROUPED_MIN_POSITIONS  # oneDNN's grouped wgrad
-            arrange: Arrange = None
-            if grouped:
-                gw = per_example(conv_per_row(cast(nn.Conv2d, m), a, g), r, k)
-            else:
-                cols, gt = layer_rows(m, a, g, r, k, self.work, i)
-                gw = gradients(gt, cols, self.work.take((i, "stored"), (r, d_in * d_out), g))  # each example's
-                arrange = arrangement(weight, isinstance(m, nn.Conv2d), d_in < d_out)
-            sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
-            return _Layer([*stored, (weight, gw, arrange)])
+            return _Layer(stored, kept=(i, m, a, g), floats=r * weight.numel())  # computed by _keep
         if not explicit and isinstance(m, nn.Conv2d) and pixel_gram_pays(m, a):
             gram, gt = pixel_gram(m, a, r, k, self.work, i), output_rows(g, r, k)
         else:
@@ -230,6 +231,52 @@ class BookKeepingEngine(Engine):
             gram = torch.bmm(cols, cols.transpose(1, 2))
         sq += (gram * torch.bmm(gt.transpose(1, 2), gt)).sum((1, 2))  # ghost norm: <A A^T, G G^T>
         return _Layer(stored, (a, g))
+
+    def _keep(self, plans: list[_Layer], r: int, k: int, sq: torch.Tensor) -> None:
+        """The kept weights' per-example gradients, once every other layer's norms are in ``sq``: each kept whole for
+        its clipped sum, but the largest, streamed (``_stream``)."""
+        kept = [plan for plan in plans if plan.kept is not None]
+        streamed = max(kept, key=lambda plan: plan.floats, default=None)
+        for plan in kept:
+            if plan is not streamed:
+                i, m, a, g = cast(tuple[int, nn.Module, torch.Tensor, torch.Tensor], plan.kept)
+                gw, arrange = self._kept_rows(i, m, a, g, r, k)
+                sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
+                plan.stored.append((cast(nn.Parameter, m.weight), gw, arrange))
+        if streamed is not None:
+            self._stream(*cast(tuple[int, nn.Module, torch.Tensor, torch.Tensor], streamed.kept), r, k, sq)
+
+    def _stream(self, i: int, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor
+                ) -> None:
+        """The last kept weight, block by block of rows, every other layer's norms already in ``sq``: each block's
+        per-example gradients give its rows' last norms, so their clip factors, and the block's share of the clipped
+        sum at once, while the block is in cache (the same factors as ``clip_factors`` of the whole ``sq``, elementwise).
+        Never the whole layer's gradients in memory; the sum's terms added up block by block."""
+        weight = cast(nn.Parameter, m.weight)
+        per_row = weight.numel() + g[:k].numel() // weight.shape[0] * weight[0].numel()  # gradient and patches
+        rows, total, arrange = max(1, STREAM_FLOATS // per_row), None, None
+        for s in range(0, r, rows):
+            e = min(s + rows, r)
+            gw, arrange = self._kept_rows(i, m, a[s * k:e * k], g[s * k:e * k], e - s, k)
+            part = sq[s:e]
+            part += torch.linalg.vector_norm(gw.reshape(e - s, -1), dim=1).square()
+            coef, drop = clip_factors(part.sqrt(), self.clip)
+            summed = coef @ (gw if drop is None else zero_rows(gw, drop)).reshape(e - s, -1)
+            total = summed if total is None else total.add_(summed)
+        weight.grad = torch.zeros_like(weight) if total is None else total.view_as(weight) if arrange is None \
+            else total.view(arrange[0]).permute(arrange[1]).contiguous()
+
+    def _kept_rows(self, i: int, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int
+                   ) -> tuple[torch.Tensor, Arrange]:
+        """The r examples' weight gradients (r, ...) and their layout: by oneDNN's grouped weight-gradient convolution
+        for a conv of many positions, else a batched GEMM of the layer's rows (into the workspace)."""
+        weight = cast(nn.Parameter, m.weight)
+        if isinstance(m, nn.Conv2d) and g.shape[2] * g.shape[3] >= GROUPED_MIN_POSITIONS:
+            return per_example(conv_per_row(m, a, g), r, k), None
+        d_in, d_out = weight[0].numel(), weight.shape[0]
+        cols, gt = layer_rows(m, a, g, r, k, self.work, i)
+        gw = gradients(gt, cols, self.work.take((i, "stored"), (r, d_in * d_out), g))
+        return gw, arrangement(weight, isinstance(m, nn.Conv2d), d_in < d_out)
 
     def _group_norm_rows(self, m: nn.GroupNorm, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor
                          ) -> _Layer:
