@@ -251,10 +251,12 @@ class BookKeepingEngine(Engine):
         """The last kept weight, block by block of rows, every other layer's norms already in ``sq``: each block's
         per-example gradients give its rows' last norms, so their clip factors, and the block's share of the clipped
         sum at once, while the block is in cache (the same factors as ``clip_factors`` of the whole ``sq``, elementwise).
-        Never the whole layer's gradients in memory; the sum's terms added up block by block."""
+        Never the whole layer's gradients in memory; the sum's terms added up block by block. On CPU only: a GPU's
+        bandwidth makes the round trips cheap and its steps are launch-bound, so there the layer is one block."""
         weight = cast(nn.Parameter, m.weight)
         per_row = weight.numel() + g[:k].numel() // weight.shape[0] * weight[0].numel()  # gradient and patches
-        rows, total, arrange = max(1, STREAM_FLOATS // per_row), None, None
+        rows = max(1, STREAM_FLOATS // per_row) if g.device.type == "cpu" else max(r, 1)
+        total, arrange = None, None
         for s in range(0, r, rows):
             e = min(s + rows, r)
             gw, arrange = self._kept_rows(i, m, a[s * k:e * k], g[s * k:e * k], e - s, k)
