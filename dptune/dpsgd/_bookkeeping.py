@@ -68,6 +68,9 @@ GROUPED_MIN_POSITIONS = 1024  # conv per-example gradients by grouped convolutio
 STREAM_FLOATS = 1 << 20
 
 
+_Kept = tuple[int, nn.Module, torch.Tensor, torch.Tensor]  # a kept weight's layer index, layer, input and output rows
+
+
 @dataclass
 class _Layer:
     """A layer's share of one backward: per-example gradients kept (param -> r rows, laid out as ``Arrange`` says),
@@ -75,8 +78,8 @@ class _Layer:
 
     stored: list[tuple[nn.Parameter, torch.Tensor, Arrange]]  # (param, per-example gradients, their layout)
     redo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input rows, output-gradient rows) for the second GEMM
-    kept: tuple[int, nn.Module, torch.Tensor, torch.Tensor] | None = None  # (index, layer, a, g): weight kept, not yet
-    floats: int = 0  # its per-example gradients' floats, against the budget
+    kept: _Kept | None = None  # a weight whose per-example gradients are kept: computed by ``_keep``
+    floats: int = 0  # their floats, against the budget
 
 
 @engine("bookkeeping")
@@ -239,12 +242,12 @@ class BookKeepingEngine(Engine):
         streamed = max(kept, key=lambda plan: plan.floats, default=None)
         for plan in kept:
             if plan is not streamed:
-                i, m, a, g = cast(tuple[int, nn.Module, torch.Tensor, torch.Tensor], plan.kept)
+                i, m, a, g = cast(_Kept, plan.kept)
                 gw, arrange = self._kept_rows(i, m, a, g, r, k)
                 sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
                 plan.stored.append((cast(nn.Parameter, m.weight), gw, arrange))
         if streamed is not None:
-            self._stream(*cast(tuple[int, nn.Module, torch.Tensor, torch.Tensor], streamed.kept), r, k, sq)
+            self._stream(*cast(_Kept, streamed.kept), r, k, sq)
 
     def _stream(self, i: int, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int, sq: torch.Tensor
                 ) -> None:
