@@ -82,6 +82,17 @@ class _Layer:
     floats: int = 0  # their floats, against the budget
 
 
+def _weighted_rows(coef: torch.Tensor, each: torch.Tensor, drop: torch.Tensor | None) -> torch.Tensor:
+    """Σ_i coef_i · each_i over the rows of ``each`` (one per example, flattened), a dropped row zeroed first (its
+    coefficient is 0, and 0 · inf would be NaN)."""
+    return coef @ (each if drop is None else zero_rows(each, drop)).reshape(len(coef), -1)
+
+
+def _laid_out(summed: torch.Tensor, p: torch.Tensor, arrange: Arrange) -> torch.Tensor:
+    """A summed row of per-example gradients in the parameter's own layout (``Arrange``)."""
+    return summed.view_as(p) if arrange is None else summed.view(arrange[0]).permute(arrange[1]).contiguous()
+
+
 @engine("bookkeeping")
 class BookKeepingEngine(Engine):
     """Book-keeping clipping for exactly Conv2d/Linear/GroupNorm models (module docstring)."""
@@ -155,11 +166,7 @@ class BookKeepingEngine(Engine):
             coef, drop = clip_factors(sq.sqrt(), self.clip)
             for m, plan in zip(self.layers, plans, strict=True):
                 for p, each, arrange in plan.stored:  # each example's gradient of p
-                    if drop is not None:
-                        each = zero_rows(each, drop)
-                    summed = coef @ each.reshape(r, -1)
-                    p.grad = summed.view_as(p) if arrange is None else \
-                        summed.view(arrange[0]).permute(arrange[1]).contiguous()
+                    p.grad = _laid_out(_weighted_rows(coef, each, drop), p, arrange)
                 if plan.redo is not None:
                     self._clipped_sum(m, *plan.redo, coef, drop, k)
         self.acts, self.norm_rows = {}, {}
@@ -266,10 +273,9 @@ class BookKeepingEngine(Engine):
             part = sq[s:e]
             part += torch.linalg.vector_norm(gw.reshape(e - s, -1), dim=1).square()
             coef, drop = clip_factors(part.sqrt(), self.clip)
-            summed = coef @ (gw if drop is None else zero_rows(gw, drop)).reshape(e - s, -1)
+            summed = _weighted_rows(coef, gw, drop)
             total = summed if total is None else total.add_(summed)
-        weight.grad = torch.zeros_like(weight) if total is None else total.view_as(weight) if arrange is None \
-            else total.view(arrange[0]).permute(arrange[1]).contiguous()
+        weight.grad = torch.zeros_like(weight) if total is None else _laid_out(total, weight, arrange)
 
     def _kept_rows(self, i: int, m: nn.Module, a: torch.Tensor, g: torch.Tensor, r: int, k: int
                    ) -> tuple[torch.Tensor, Arrange]:
