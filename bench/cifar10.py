@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import platform
-import resource
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness.memory import peak_rss_gib
 from harness.synthetic import write_synthetic_cifar
 
 from dptune.accounting import calibrate_noise_multiplier, epsilon, sampling_rate, trial_event, trial_steps
@@ -70,7 +70,7 @@ def device_name(dev: str) -> str:
 def peak_memory(dev: str) -> tuple[str, float]:
     if dev == "cuda":
         return "cuda_max_memory_allocated", torch.cuda.max_memory_allocated() / 2**30
-    return "rss_peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux -> GiB
+    return "rss_peak", peak_rss_gib()
 
 
 def build_config(args: argparse.Namespace, n_train: int) -> tuple[TrialConfig, dict[str, Any]]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from harness.layouts import MNIST, mnist_t10k, nchw
+from harness.memory import peak_rss_gib
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dptune.config import TrialConfig, clipping
@@ -334,7 +334,7 @@ def peak_rss_child() -> None:
         engine.backward(x, y, 0)
         engine.optimizer.step()
         engine.optimizer.zero_grad(set_to_none=True)
-        out[mode] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+        out[mode] = peak_rss_gib()
     print(" ".join(f"{k}={v:.2f}" for k, v in out.items()))
 
 

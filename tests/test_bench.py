@@ -308,6 +308,23 @@ def test_the_every_mode_table_runs_the_chosen_model_with_its_spread(tmp_path: Pa
     assert min(ratios) > 0 and q1 <= q3 and 0 < lo <= hi
 
 
+def test_a_benchs_peak_memory_is_its_own_not_its_parents() -> None:
+    """``harness.memory.peak_rss_gib`` in a child started by a parent holding 768 MiB reads the child's own peak:
+    ``ru_maxrss`` read the parent's there (Linux carries it across exec), which put 2.77 GiB in step_overhead's
+    ResNet-9 row for a 1.46 GiB step."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from harness.memory import peak_rss_gib
+    finally:
+        sys.path.remove(str(BENCH))
+    held = bytearray(b"\x01") * (768 << 20)  # written, so resident
+    child = subprocess.run([sys.executable, "-c", "from harness.memory import peak_rss_gib; print(peak_rss_gib())"],
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(BENCH)}, capture_output=True, text=True,
+                           check=True)
+    assert peak_rss_gib() >= 0.75 > 0.25 > float(child.stdout)
+    del held
+
+
 def test_the_phase_table_splits_each_step_into_its_timed_parts(tmp_path: Path) -> None:
     """``bench/step_overhead.py --phases gn_cnn``: the book-keeping step's forward, backward, each of the model's
     seven trained layers' norms (in order), the recomputed sums (conv3 by ghost norm, the last Linear) and the step,

@@ -17,5 +17,9 @@ no file over 400 lines):
 - ``runner``: the worker pool, one task per (ε, seed, mode), the .json records and their pooling.
 - ``report``: the markdown report.
 
+Beside them, helpers of the other benches: ``layouts`` (the CNNs in NCHW, MNIST t10k), ``memory`` (peak RSS),
+``synthetic`` (CIFAR-shaped folders), ``proxy`` (the public proxies of a rehearsal), ``revisions`` (another git
+revision's dptune beside this checkout's).
+
 Importing this package imports none of them (the script and the workers import what they use).
 """
