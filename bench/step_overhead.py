@@ -6,18 +6,18 @@
     python bench/step_overhead.py --layouts [--reps N] [--threads N] [--out FILE]
     python bench/step_overhead.py --phases MODEL [--reps N] [--threads N] [--out FILE]
 
-The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate
-q = B/N, split into physical batches of at most ``physical_batch_size`` rows as the loop splits them,
-each padded to the loop's bucket size (``padded_size``; the padding rows carry zero weight), one engine backward
-per physical batch, then the optimizer's step: the Gaussian noise (measured, as a trial measures it) and the
-SGD update. ``--exact-batch`` times the engine on exactly B rows instead (no Poisson, no padding, no meter: the
-pure per-example clipping overhead). The non-private step is plain SGD on a fixed batch of B rows.
+The DP step is the one a trial runs (the epoch loop of ``run_trial``): a Poisson logical batch at rate q = B/N,
+split into physical batches of at most ``physical_batch_size`` rows as the loop splits them, each padded to the
+loop's bucket size (``padded_size``; the padding rows carry zero weight), one engine backward per physical batch,
+then the optimizer's step: the Gaussian noise (measured, as a trial measures it) and the SGD update.
+``--exact-batch`` times the engine on exactly B rows instead (no Poisson, no padding, no meter: the pure per-example
+clipping overhead). The non-private step is plain SGD on a fixed batch of B rows.
 
-For each model the non-private step and the DP step of every mode run round-robin in one process (so machine
-noise hits all alike), each repetition on the same logical batch for every mode; the table shows median DP
-time / median non-private time; for book-keeping also the quartiles of the paired ratios (mostly the Poisson
-batch sizes' spread) and a 90 % bootstrap interval of the ratio (how far one run's figure can be trusted). Also
-the peak RSS of a ResNet-9 DP step at physical batch 64 (in a fresh subprocess, so earlier runs don't count).
+For each model the non-private step and the DP step of every mode run round-robin in one process (machine noise hits
+all alike), each repetition on the same logical batch for every mode; the table shows median DP time / median
+non-private time; for book-keeping also the quartiles of the paired ratios (mostly the Poisson batch sizes' spread)
+and a 90 % bootstrap interval of the ratio: this run's noise only (two runs 45 minutes apart: 1.38x, 1.46x). Also the
+peak RSS (VmHWM) of a ResNet-9 DP step at physical batch 64, in a fresh subprocess.
 
 ``--layouts`` times the GroupNorm CNN and the tanh CNN as built (channels-last on CPU) against the same models in
 NCHW, on real data (digits; MNIST t10k when ../shared holds it, else digits upsampled to 28x28): the non-private step
