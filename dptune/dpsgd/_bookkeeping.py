@@ -82,6 +82,11 @@ class _Layer:
     floats: int = 0  # their floats, against the budget
 
 
+def _sq_norms(each: torch.Tensor) -> torch.Tensor:
+    """Each row's squared norm (one row per example, flattened): a materialised weight's share of ``sq``."""
+    return torch.linalg.vector_norm(each.reshape(len(each), -1), dim=1).square()
+
+
 def _weighted_rows(coef: torch.Tensor, each: torch.Tensor, drop: torch.Tensor | None) -> torch.Tensor:
     """Σ_i coef_i · each_i over the rows of ``each`` (one per example, flattened), a dropped row zeroed first (its
     coefficient is 0, and 0 · inf would be NaN)."""
@@ -236,7 +241,7 @@ class BookKeepingEngine(Engine):
         else:
             cols, gt = layer_rows(m, a, g, r, k, self.work, i)
             if explicit:
-                sq += torch.linalg.vector_norm(gradients(gt, cols).reshape(r, -1), dim=1).square()
+                sq += _sq_norms(gradients(gt, cols))
                 return _Layer(stored, (a, g))
             gram = torch.bmm(cols, cols.transpose(1, 2))
         sq += (gram * torch.bmm(gt.transpose(1, 2), gt)).sum((1, 2))  # ghost norm: <A A^T, G G^T>
@@ -251,7 +256,7 @@ class BookKeepingEngine(Engine):
             if plan is not streamed:
                 i, m, a, g = cast(_Kept, plan.kept)
                 gw, arrange = self._kept_rows(i, m, a, g, r, k)
-                sq += torch.linalg.vector_norm(gw.reshape(r, -1), dim=1).square()
+                sq += _sq_norms(gw)
                 plan.stored.append((cast(nn.Parameter, m.weight), gw, arrange))
         if streamed is not None:
             self._stream(*cast(_Kept, streamed.kept), r, k, sq)
@@ -271,7 +276,7 @@ class BookKeepingEngine(Engine):
             e = min(s + rows, r)
             gw, arrange = self._kept_rows(i, m, a[s * k:e * k], g[s * k:e * k], e - s, k)
             part = sq[s:e]
-            part += torch.linalg.vector_norm(gw.reshape(e - s, -1), dim=1).square()
+            part += _sq_norms(gw)
             coef, drop = clip_factors(part.sqrt(), self.clip)
             summed = _weighted_rows(coef, gw, drop)
             total = summed if total is None else total.add_(summed)
