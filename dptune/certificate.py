@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting import accountant, certify, epsilon, event_from_json, event_to_json
+from dptune.accounting import accountant, certify, epsilon, event_from_json, event_to_json, round_up_epsilon
 from dptune.config.stopping import reveals_k
 from dptune.errors import ConfigError
 
@@ -196,14 +196,18 @@ class Certificate:
         Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n")
 
     def verify(self) -> None:
-        """Recompute ε from the events with the accountant the certificate names; raise if the stated ε differs."""
+        """Recompute ε from the events with the accountant the certificate names; raise if the stated ε differs: it
+        must be that ε on the charge grid (``accounting.round_up_epsilon``), the same on every CPU, or, for a
+        certificate written before the grid, within 1e-6 of it."""
         acc = accountant(self.bound)
         events = [e for _, e in self.events]
         recomputed = acc.epsilon(events, delta=self.delta) if all(acc.can_account(e) for e in events) else None
         if recomputed is None:
             raise CertificateError("certificate.bound", f"the {self.bound} accountant cannot bound these events",
                                    "the certificate was modified or is corrupt; use the one the search released")
-        if not (math.isfinite(self.epsilon) and math.isclose(recomputed, self.epsilon, rel_tol=1e-6, abs_tol=1e-9)):
+        on_grid = self.epsilon == round_up_epsilon(recomputed)
+        if not (math.isfinite(self.epsilon)
+                and (on_grid or math.isclose(recomputed, self.epsilon, rel_tol=1e-6, abs_tol=1e-9))):
             raise CertificateError(
                 "certificate.epsilon",
                 f"states ε = {self.epsilon!r} but its events cost ε = {recomputed:.6g} at δ = {self.delta:g}",

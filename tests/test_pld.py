@@ -70,7 +70,8 @@ def test_composed_search_and_final_training_within_one_percent_of_pld(score_nois
     ours = A.certify(events, DELTA)
     assert ours.accountant == "pld" and pld_eps <= ours.epsilon <= 1.01 * pld_eps
     assert ours.epsilon < _rdp_oracle(events)
-    assert A.epsilon(events, DELTA) == ours.epsilon == min(A.rdp_epsilon(events, DELTA), A.pld_epsilon(events, DELTA))
+    assert A.epsilon(events, DELTA) == ours.epsilon == A.round_up_epsilon(
+        min(A.rdp_epsilon(events, DELTA), A.pld_epsilon(events, DELTA)))
 
 
 def test_random_stopping_and_subsampled_search_stay_rdp() -> None:
@@ -85,10 +86,10 @@ def test_random_stopping_and_subsampled_search_stay_rdp() -> None:
         bound = A.certify([event], DELTA)
         if event is stopping:
             profile = A.profile_epsilon([event], DELTA)
-            assert profile is not None and bound.accountant == "profile" and bound.epsilon == profile
+            assert profile is not None and bound.accountant == "profile" and bound.epsilon == A.round_up_epsilon(profile)
             assert profile < A.rdp_epsilon([event], DELTA)
         else:
-            assert bound.accountant == "rdp" and bound.epsilon == A.rdp_epsilon([event], DELTA)
+            assert bound.accountant == "rdp" and bound.epsilon == A.round_up_epsilon(A.rdp_epsilon([event], DELTA))
     # a worst case over different mechanisms has no PLD here; over one mechanism it is that mechanism
     other = A.trial_event(noise_multiplier=1.0, sampling_rate=0.1, steps=100, score_noise=5.0)
     assert A.pld_of(A.WorstCaseDpEvent((trial, other))) is None
@@ -163,7 +164,7 @@ def test_noisy_max_search_composes_in_pld() -> None:
     oracle = acc._pld.compose(rr).get_epsilon_for_delta(DELTA)  # noqa: SLF001 - the accountant's PLD
     ours = A.pld_epsilon([search], DELTA)
     assert ours is not None and oracle <= ours <= 1.01 * oracle
-    assert A.epsilon([search], DELTA) == min(ours, A.rdp_epsilon([search], DELTA))
+    assert A.epsilon([search], DELTA) == A.round_up_epsilon(min(ours, A.rdp_epsilon([search], DELTA)))
 
 
 # --- calibration on the tighter bound ------------------------------------------------------------------
@@ -364,10 +365,13 @@ def test_the_vectorised_subsampled_gaussian_is_dp_accountings_distribution_byte_
         assert composed.get_epsilon_for_delta(DELTA) == theirs.self_compose(50).get_epsilon_for_delta(DELTA)
 
 
-def test_self_composition_is_dp_accountings_byte_for_byte() -> None:
-    """``self_compose`` (the Chernoff bounds' logsumexp without SciPy's array-API layer) equals dp_accounting's
-    ``PrivacyLossDistribution.self_compose`` in every field, for subsampled Gaussians (asymmetric, dense), the
-    Gaussian (symmetric) and the noisy max's randomized response, from 2 to 20,000 compositions."""
+def test_self_composition_is_dp_accountings() -> None:
+    """``self_compose`` (the Chernoff bounds' logsumexp without SciPy's array-API layer) gives dp_accounting's
+    ``PrivacyLossDistribution.self_compose``, for subsampled Gaussians (asymmetric, dense), the Gaussian (symmetric)
+    and the noisy max's randomized response, from 2 to 20,000 compositions. Byte for byte until issue 58; now its
+    complex power is ``_strictmath``'s (the same on every CPU) and dp_accounting's NumPy's, so the distributions agree
+    as the FFT's rounding allows: the same discretization, δ(ε) to 1e-4 of itself (the tail carries the rounding of
+    thousands of products) and the mass at infinity to 1e-9."""
     from dp_accounting.pld import privacy_loss_distribution as pldlib
 
     from dptune.accounting._pld import noisy_max_pld, self_compose, subsampled_gaussian_pld
@@ -383,12 +387,18 @@ def test_self_composition_is_dp_accountings_byte_for_byte() -> None:
              noisy_max_pld(gumbel_scale=4.0)]
     for i, one in enumerate(ones):
         for count in (2, 1407) if i else (2, 1407, 20000):
-            assert fields(self_compose(one, count)) == fields(one.self_compose(count)), count
+            ours, theirs = self_compose(one, count), one.self_compose(count)
+            assert len(fields(ours)) == len(fields(theirs)) and ours._symmetric == theirs._symmetric
+            for eps in (0.5, 1.0, 2.0, 4.0, 8.0):
+                d_ours, d_theirs = ours.get_delta_for_epsilon(eps), theirs.get_delta_for_epsilon(eps)
+                assert d_ours == pytest.approx(d_theirs, rel=1e-4, abs=1e-15), (i, count, eps)
+            assert ours._pmf_remove._infinity_mass == pytest.approx(theirs._pmf_remove._infinity_mass, rel=1e-9)
 
 
-def test_fftconvolve_is_scipys_byte_for_byte() -> None:
+def test_fftconvolve_is_scipys() -> None:
     """dp_accounting's convolutions and dptune's profile and mixed bounds use ``_pld.fftconvolve`` (SciPy's steps without
-    importing scipy.signal): the same bytes as ``scipy.signal.fftconvolve`` in every mode, for lengths 1 to 5,000."""
+    importing scipy.signal): ``scipy.signal.fftconvolve`` in every mode, for lengths 1 to 5,000, to the FFT's rounding
+    (byte for byte until issue 58; its spectra's product is now ``_strictmath.complex_multiply``, FMA-free)."""
     from scipy import signal
 
     from dptune.accounting._pldlib import fftconvolve
@@ -398,7 +408,8 @@ def test_fftconvolve_is_scipys_byte_for_byte() -> None:
         a, b = rng.random(n1), rng.random(n2) * 1e-3
         for mode in ("full", "same", "valid"):
             ours, theirs = fftconvolve(a, b, mode=mode), signal.fftconvolve(a, b, mode=mode)
-            assert ours.shape == theirs.shape and ours.tobytes() == theirs.tobytes(), (n1, n2, mode)
+            assert ours.shape == theirs.shape, (n1, n2, mode)
+            np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-14 * float(np.abs(theirs).max()))
 
 
 def test_a_plan_imports_neither_scipy_signal_nor_scipy_stats(tmp_path: Path) -> None:
@@ -424,9 +435,10 @@ def test_a_plan_imports_neither_scipy_signal_nor_scipy_stats(tmp_path: Path) -> 
     assert r.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_the_chernoff_bounds_logsumexp_is_scipys_byte_for_byte() -> None:
+def test_the_chernoff_bounds_logsumexp_is_scipys() -> None:
     """``_pldlib._logsumexp`` (all 40 orders of a self-composition's Chernoff bound in one 2-D pass) equals
-    ``scipy.special.logsumexp`` order by order, bytes compared, on real pmfs and on edge rows (zeros, one mass)."""
+    ``scipy.special.logsumexp`` order by order, on real pmfs and on edge rows (zeros, one mass): SciPy's steps with
+    ``_strictmath``'s exp and log, so to 1e-13 (bytes equal with NumPy's own exp and log, before issue 58)."""
     from scipy import special
 
     from dptune.accounting._pldlib import _logsumexp, subsampled_gaussian_pld
@@ -438,4 +450,4 @@ def test_the_chernoff_bounds_logsumexp_is_scipys_byte_for_byte() -> None:
         orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / len(probs)
         ours = _logsumexp(np.arange(len(probs))[None, :] * orders[:, None], probs)
         theirs = np.array([special.logsumexp(np.arange(len(probs)) * o, b=probs) for o in orders])
-        assert ours.tobytes() == theirs.tobytes()
+        np.testing.assert_allclose(ours, theirs, rtol=1e-13, atol=1e-14)

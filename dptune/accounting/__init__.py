@@ -7,7 +7,8 @@ function gives the ε dptune charges (:func:`epsilon`: the smaller valid bound; 
 accountant); stopping rules are the subclasses of :class:`StoppingRule` named in one catalogue
 (:func:`stopping_rule`).
 
-Modules, each importing only those above it: ``_lazy``; ``_roots`` (the bracket searches' crossing guess);
+Modules, each importing only those above it: ``_lazy``; ``_strictmath`` (exp and log the same on every CPU);
+``_grid`` (the charge grid: ε and σ rounded up); ``_roots`` (the bracket searches' crossing guess);
 ``_convert`` (orders, RDP → ε/δ); ``_events``;
 ``_amplify`` (Zhu & Wang); ``_stopping`` (Papernot & Steinke); ``_rdp`` (the RDP interpreter); ``_pld`` (the
 PLD interpreter); ``_profile`` (random stopping from the trial's privacy profile); ``_mixed`` (RDP part ⊗ PLD
@@ -53,6 +54,7 @@ from dptune.accounting._events import (
     trial_event,
     with_selection,
 )
+from dptune.accounting._grid import EPSILON_DIGITS, SIGMA_DIGITS, round_up_epsilon, round_up_sigma
 from dptune.accounting._planner import (
     Plan,
     TrialPoint,
@@ -86,6 +88,10 @@ from dptune.accounting._transfer import (
 
 __all__ = [
     "ACCOUNTANTS",
+    "EPSILON_DIGITS",
+    "SIGMA_DIGITS",
+    "round_up_epsilon",
+    "round_up_sigma",
     "ORDERS",
     "STOPPING_RULES",
     "Accountant",

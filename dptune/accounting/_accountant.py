@@ -17,8 +17,9 @@ into ε at δ for the *whole* composed mechanism, or says it cannot (None). Five
 
 Each is a valid (ε, δ) upper bound for the same composed mechanism at the same δ, so their minimum is too
 (the mechanism is (ε₁, δ)-DP and (ε₂, δ)-DP, hence (min, δ)-DP). :func:`certify` returns that minimum and the
-name of the accountant that gave it (certificates record it); :func:`epsilon` is its ε — what the planner,
-calibration, certificates and the ledger charge. Never a sum of ε's.
+name of the accountant that gave it (certificates record it), its ε rounded up to the charge grid (``_grid``: the
+same charge on every CPU); :func:`epsilon` is that ε — what the planner, calibration, certificates and the ledger
+charge. Never a sum of ε's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import ClassVar
 
 from dp_accounting import dp_event as de
 
+from dptune.accounting._grid import round_up_epsilon
 from dptune.accounting._mixed import has_noisy_max, mixed_epsilon, profile_mixed_epsilon
 from dptune.accounting._pld import has_pld, pld_epsilon
 from dptune.accounting._profile import has_profile, profile_epsilon
@@ -156,7 +158,7 @@ def certify(events: Sequence[de.DpEvent], delta: float) -> Bound:
         if eps is not None and (best is None or eps < best.epsilon):
             best = Bound(epsilon=float(eps), delta=float(delta), accountant=acc.name)
     assert best is not None  # RDP accounts for every dptune event
-    return best
+    return Bound(epsilon=round_up_epsilon(best.epsilon), delta=best.delta, accountant=best.accountant)
 
 
 def tight_epsilon(events: Sequence[de.DpEvent], delta: float) -> float | None:

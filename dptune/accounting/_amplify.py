@@ -19,6 +19,7 @@ import math
 import numpy as np
 from scipy.special import gammaln
 
+from dptune.accounting import _strictmath as strict
 from dptune.errors import ConfigError
 
 __all__ = ["amplify_log_moments", "check_fraction", "integer_orders", "poisson_subsampled_rdp", "top_order"]
@@ -114,11 +115,11 @@ def amplify_log_moments(log_moments: np.ndarray, orders: np.ndarray, cap: np.nda
         base = np.where(valid, base + np.where(ell >= 3, math.log(factor), 0.0), -np.inf)  # [A, L]
         lm = log_moments.reshape(-1, 1, top + 1)
         terms = np.where(valid[None], base[None] + lm, -np.inf)  # [B, A, L]
-        head = (alpha[:, 0] - 1) * math.log1p(-f) + np.log1p((alpha[:, 0] - 1) * f)  # ℓ = 0, 1
+        head = (alpha[:, 0] - 1) * math.log1p(-f) + strict.log1p((alpha[:, 0] - 1) * f)  # ℓ = 0, 1
         top_term = np.max(terms, axis=-1, keepdims=True)
         top_term = np.where(np.isfinite(top_term), top_term, 0.0)
-        lse = np.log(np.sum(np.exp(terms - top_term), axis=-1)) + top_term[..., 0]
-        eps_int = np.logaddexp(head[None, :], lse) / (alpha[:, 0] - 1)  # [B, A]
+        lse = strict.log(np.sum(strict.exp(terms - top_term), axis=-1)) + top_term[..., 0]
+        eps_int = strict.logaddexp(head[None, :], lse) / (alpha[:, 0] - 1)  # [B, A]
     eps_int = np.concatenate([eps_int, np.full((eps_int.shape[0], 1), np.inf)], axis=1)
     pos = np.where(ceil <= top, np.searchsorted(ints, ceil), len(ints))
     amplified = eps_int[:, pos].reshape(cap.shape[:-1] + (len(orders),))

@@ -26,6 +26,7 @@ from dp_accounting import dp_event as de
 
 from dptune.accounting._accountant import epsilon, tight_epsilon
 from dptune.accounting._events import trial_event
+from dptune.accounting._grid import round_up_sigma
 from dptune.accounting._rdp import rdp_epsilon
 from dptune.accounting._roots import crossing, log_ratio
 from dptune.errors import ConfigError, check_delta, check_positive
@@ -44,13 +45,14 @@ def calibrate_sigma(cost: Callable[[float], float], *, target_epsilon: float, lo
                     rel_tol: float) -> float | None:
     """The smallest σ in [``lo``, ``hi``] with ``cost(σ) <= target_epsilon``, to relative tolerance ``rel_tol``.
 
-    ``cost`` must not increase with σ (a NaN cost counts as not fitting). Guarantee: the result σ has
-    ``cost(σ) <= target_epsilon`` and either σ = ``lo`` (even the lower bound fits) or
-    ``cost(σ·(1 − rel_tol)) > target_epsilon``; ``None`` when even ``cost(hi)`` exceeds the target.
+    ``cost`` must not increase with σ (a NaN cost counts as not fitting). Guarantee: the result σ is on the charge
+    grid (``_grid.round_up_sigma``: the same σ on every CPU), has ``cost(σ) <= target_epsilon``, and either is
+    ``lo`` rounded up (even the lower bound fits) or has ``cost(σ·(1 − rel_tol − 1e-4)) > target_epsilon`` (the
+    grid's step is at most 1e-4 of σ); ``None`` when even ``cost(hi)`` exceeds the target.
     A bracket search in log σ (:func:`_bisect`), keeping cost(lo) > target >= cost(hi).
     """
     found = _calibrate(cost, target_epsilon=target_epsilon, lo=lo, hi=hi, rel_tol=rel_tol)
-    return None if found is None else found.sigma
+    return None if found is None else round_up_sigma(found.sigma)
 
 
 @dataclass(frozen=True)
@@ -135,11 +137,11 @@ def calibrate_tight(cost: Callable[[float], float | None], *, upper_cost: Callab
         return calibrate_sigma(lambda s: min(upper_cost(s), tight(s)), target_epsilon=target_epsilon, lo=lo, hi=hi,
                                rel_tol=rel_tol)
     if upper.sigma == lo:
-        return lo
+        return round_up_sigma(lo)
     high = upper.sigma * (1 - rel_tol)
     c_high = tight(high)
     if not c_high <= target_epsilon:
-        return upper.sigma  # neither bound fits at σ_u·(1 − rel_tol): the guarantee already holds
+        return round_up_sigma(upper.sigma)  # neither bound fits at σ_u·(1 − rel_tol): the guarantee already holds
     # the first step down: where cost, with upper_cost's slope in log-log at σ_u, meets the target
     low = high * TIGHT_STEP
     if c_high > 0 and upper.cost > 0 and upper.cost_below > upper.cost:
@@ -149,12 +151,12 @@ def calibrate_tight(cost: Callable[[float], float | None], *, upper_cost: Callab
     c_low = tight(low)
     while c_low <= target_epsilon:  # step down until a σ does not fit (or lo fits): the bracket of the bisection
         if low <= lo:
-            return lo
+            return round_up_sigma(lo)
         high, c_high = low, c_low
         low = max(lo, low * TIGHT_STEP)
         c_low = tight(low)
-    return _bisect(tight, target_epsilon=target_epsilon, lo=low, hi=high, rel_tol=rel_tol, c_lo=c_low,
-                   c_hi=c_high).sigma
+    return round_up_sigma(_bisect(tight, target_epsilon=target_epsilon, lo=low, hi=high, rel_tol=rel_tol, c_lo=c_low,
+                                  c_hi=c_high).sigma)
 
 
 def calibrate_noise_multiplier(prior_events: Sequence[de.DpEvent], *, sampling_rate: float, steps: int,

@@ -11,11 +11,14 @@ from __future__ import annotations
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
+from dptune.accounting import _strictmath as strict
+
 __all__ = ["ORDERS", "rdp_to_delta", "rdp_to_epsilon"]
 
 # dp_accounting's default orders (also what its RdpAccountant uses for RepeatAndSelectDpEvent).
 ORDERS: np.ndarray = np.asarray(rdp_acc.DEFAULT_RDP_ORDERS, dtype=np.float64)
 ORDERS.flags.writeable = False
+strict.make_strict(rdp_acc.__name__)  # its RDP conversions and random stopping compute with strict exp/log
 
 
 def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, *, delta: float) -> np.ndarray:
@@ -29,9 +32,9 @@ def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, *, delta: float) -> np.n
     a = np.asarray(orders, dtype=np.float64)
     r = np.asarray(rdp, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        eps = r + np.log1p(-1 / a) - np.log(delta * a) / (a - 1)
+        eps = r + strict.log1p(-1 / a) - strict.log(delta * a) / (a - 1)
         eps = np.where(a > 1.01, eps, np.inf)
-        eps = np.where(delta ** 2 + np.expm1(-r) > 0, 0.0, eps)
+        eps = np.where(delta ** 2 + strict.expm1(-r) > 0, 0.0, eps)
     eps = np.where(np.isnan(eps), np.inf, eps)
     return np.maximum(0.0, eps.min(axis=-1))
 
@@ -45,10 +48,10 @@ def rdp_to_delta(orders: np.ndarray, rdp: np.ndarray, *, epsilons: np.ndarray) -
     r = np.asarray(rdp, dtype=np.float64)[..., None, :]  # [..., 1, O]
     e = np.asarray(epsilons, dtype=np.float64)[:, None]  # [E, 1]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        kl = np.where(r > 0, 0.5 * np.log1p(-np.exp(-r)), -np.inf)
+        kl = np.where(r > 0, 0.5 * strict.log1p(-strict.exp(-r)), -np.inf)
         # (a−1)(r − ε + log1p(−1/a)) − log a, split so the [..., E, O] work is one multiply-add
-        part = (a - 1) * (r + np.log1p(-1 / a)) - np.log(a)
+        part = (a - 1) * (r + strict.log1p(-1 / a)) - strict.log(a)
         bound = part - (a - 1) * e
         logdelta = np.where(a > 1.01, np.fmin(kl, bound), kl)
         logdelta = np.where(np.isnan(logdelta), 0.0, logdelta)  # inf − inf at unconverged orders: no bound
-    return np.minimum(np.exp(logdelta.min(axis=-1)), 1.0)
+    return np.minimum(strict.exp(logdelta.min(axis=-1)), 1.0)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event as de
 
+from dptune.accounting import _strictmath as strict
 from dptune.accounting._convert import ORDERS, rdp_to_delta, rdp_to_epsilon
 from dptune.accounting._events import NoisyMaxDpEvent
 from dptune.accounting._pld import VALUE_DISCRETIZATION_INTERVAL, has_pld, pld_module, pld_of
@@ -84,7 +85,7 @@ def _rdp_profile(rdp: np.ndarray, x: np.ndarray, search: de.DpEvent | None = Non
     if search is not None:
         grid = np.minimum(grid, search_profile_delta_grid(search, step=VALUE_DISCRETIZATION_INTERVAL, size=size))
     d = grid[ax]
-    e = np.exp(x * VALUE_DISCRETIZATION_INTERVAL)
+    e = strict.exp(x * VALUE_DISCRETIZATION_INTERVAL)
     return np.minimum(1.0, np.where(x >= 0, d, 1 - e + e * d))
 
 
@@ -147,7 +148,7 @@ def rdp_pld_epsilon(rdp: np.ndarray, pld: Any, delta: float, *, search: de.DpEve
             approx = fftconvolve(g, p[::-1], mode="valid") + fixed  # [top + 1]
 
             def total(j: int, g: np.ndarray = g, p: np.ndarray = p, fixed: float = fixed) -> float:
-                return float(np.dot(p, g[j:j + len(p)])) + fixed  # x0 = −(first + len − 1): g index j + k
+                return float(np.sum(p * g[j:j + len(p)])) + fixed  # x0 = −(first + len − 1): g index j + k
 
             if total(top) <= delta:
                 break

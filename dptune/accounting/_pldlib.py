@@ -22,6 +22,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from dptune.accounting import _strictmath as strict
+
 if TYPE_CHECKING:
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
@@ -51,7 +53,13 @@ def pld_module() -> types.ModuleType:
                     del sys.modules[name]
                 else:
                     sys.modules[name] = module
+    strict.make_strict(*_STRICT_MODULES)
     return sys.modules["dp_accounting.pld.privacy_loss_distribution"]
+
+
+# dp_accounting's PLD modules that compute with numpy's elementary functions: they get ``_strictmath``'s
+_STRICT_MODULES = ("dp_accounting.pld.common", "dp_accounting.pld.pld_pmf", "dp_accounting.pld.privacy_loss_mechanism",
+                   "dp_accounting.pld.privacy_loss_distribution")
 
 
 class _Lazy(types.ModuleType):
@@ -99,7 +107,8 @@ def fftconvolve(in1: Any, in2: Any, mode: str = "full") -> Any:
             a = a.astype(np.float64)
         if np.issubdtype(b.dtype, np.integer):
             b = b.astype(np.float64)
-        ret = fft.irfftn(fft.rfftn(a, fshape, axes=[0]) * fft.rfftn(b, fshape, axes=[0]), fshape, axes=[0])[:shape]
+        product = strict.complex_multiply(fft.rfftn(a, fshape, axes=[0]), fft.rfftn(b, fshape, axes=[0]))
+        ret = fft.irfftn(product, fshape, axes=[0])[:shape]
     if mode == "full":
         return ret.copy()
     n = ret.shape[0]
@@ -218,11 +227,11 @@ def _vector_loss_class() -> type:
             if np.any(beyond & ~at_edge):
                 raise ValueError(f"privacy loss beyond {edge} for sampling probability {q}")
             b = eps[~at_edge] if remove else -eps[~at_edge]
-            d = b + np.log(a)
-            log_minus_c = np.log(-c)
+            d = b + strict.log(a)
+            log_minus_c = strict.log(-c)
             if np.any(log_minus_c >= d):
                 raise ValueError(f"a exp(b) + c must be positive: {a}, {c}")
-            without = np.where(b == 0, np.log(a + c), d + np.log1p(-np.exp(log_minus_c - d)))
+            without = np.where(b == 0, strict.log(a + c), d + strict.log1p(-strict.exp(log_minus_c - d)))
             out = np.full(eps.shape, math.inf if remove else -math.inf)
             out[~at_edge] = (-0.5 * s - without * var / s) if remove else (s + (-0.5 * s - (-without) * var / s))
             return out
@@ -237,9 +246,9 @@ def _vector_loss_class() -> type:
                 inverse = epsilons < -math.log1p(-self.sampling_prob)
             else:
                 inverse = epsilons > math.log1p(-self.sampling_prob)
-                deltas[~inverse] = -np.expm1(epsilons[~inverse])
+                deltas[~inverse] = -strict.expm1(epsilons[~inverse])
             x = self._x_cutoffs(epsilons[inverse])
-            deltas[inverse] = self.mu_upper_cdf(x) - np.exp(epsilons[inverse] + self.mu_lower_log_cdf(x))
+            deltas[inverse] = self.mu_upper_cdf(x) - strict.exp(epsilons[inverse] + self.mu_lower_log_cdf(x))
             return np.clip(deltas, 0, 1)
 
     return _VectorGaussianLoss
@@ -299,7 +308,7 @@ def _dense_self_compose(pmf: Any, num_times: int) -> Any:
     # common.self_convolve
     output_len = upper_bound - lower_bound + 1
     fast_len = fft.next_fast_len(max(output_len, len(probs_in)))
-    convolved = np.real(fft.ifft(fft.fft(probs_in, fast_len) ** num_times))
+    convolved = np.real(fft.ifft(strict.complex_power(fft.fft(probs_in, fast_len), num_times)))
     probs = np.array(np.roll(convolved, -lower_bound)[:output_len])
     lower_loss += lower_bound
     inf_prob = tail - math.expm1(num_times * math.log1p(-pmf._infinity_mass))
@@ -315,20 +324,20 @@ def _logsumexp(a: Any, b: Any) -> Any:
     import numpy as np
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        out_inf = np.log(np.sum(b * np.exp(a), axis=1, keepdims=True))
+        out_inf = strict.log(np.sum(b * strict.exp(a), axis=1, keepdims=True))
         a = np.array(a, copy=True)
         a[np.broadcast_to(b == 0, a.shape)] = -np.inf
         a_max = np.max(a, axis=1, keepdims=True)
         mask = a == a_max
         a[mask] = -np.inf
         m = np.sum(b * mask.astype(a.dtype), axis=1, keepdims=True, dtype=a.dtype)
-        exp = b * np.exp(a - a_max)
+        exp = b * strict.exp(a - a_max)
         s = np.sum(exp, axis=1, keepdims=True, dtype=exp.dtype)
         s = np.where(s == 0, s, s / m)
         sgn = np.sign(s + 1) * np.sign(m)
         s = np.where(s < -1, -s - 2, s)
         m = np.abs(m)
-        out = np.log1p(s) + np.log(m) + a_max
+        out = strict.log1p(s) + strict.log(m) + a_max
         out[sgn < 0] = np.nan
     out = np.where(np.isfinite(out), out, out_inf)
     return out[:, 0]

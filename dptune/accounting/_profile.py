@@ -70,6 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting import dp_event as de
 
+from dptune.accounting import _strictmath as strict
 from dptune.accounting._events import WorstCaseDpEvent, event_from_json, event_to_json
 from dptune.accounting._pld import has_pld, pld_of
 from dptune.accounting._pldlib import fftconvolve
@@ -123,7 +124,7 @@ def pgf_derivative(*, mean: float, shape: float) -> Callable[[np.ndarray], np.nd
     E[K] = ``mean`` (γ from ``tnb_gamma``, as the draw uses). Vectorised; φ'(1) = E[K]."""
     if math.isinf(shape):
         mu = float(mean)
-        return lambda z: mu * np.exp(mu * (np.asarray(z, dtype=np.float64) - 1))
+        return lambda z: mu * strict.exp(mu * (np.asarray(z, dtype=np.float64) - 1))
     eta = float(shape)
     gamma = tnb_gamma(mean=mean, eta=eta)
     if gamma >= 1:
@@ -171,7 +172,7 @@ def _pairs(key: str) -> tuple[_Pair, ...]:
         loss = (dense._lower_loss + np.arange(len(probs))) * dense._discretization  # noqa: SLF001
         keep = probs > 0
         a, loss = probs[keep], loss[keep]
-        out.append(_Pair(loss=_frozen(loss), a=_frozen(a), b=_frozen(a * np.exp(-loss)),
+        out.append(_Pair(loss=_frozen(loss), a=_frozen(a), b=_frozen(a * strict.exp(-loss)),
                          a_inf=float(dense._infinity_mass)))  # noqa: SLF001
     return tuple(out)
 
@@ -274,10 +275,10 @@ class _Search:
         worst = 0.0
         for (breaks, c, d), pairs in self.parts:
             for p in pairs:
-                u = np.exp(p.loss - epsilon)
+                u = strict.exp(p.loss - epsilon)
                 k = np.searchsorted(breaks, u, side="right") - 1
                 g = np.maximum(c[k] * u - d[k], 0.0)
-                worst = max(worst, alpha * float(np.dot(p.b, g)) + self.tail * p.a_inf)
+                worst = max(worst, alpha * float(np.sum(p.b * g)) + self.tail * p.a_inf)  # not BLAS: its sum order varies
         return min(worst, 1.0)
 
 
@@ -346,13 +347,13 @@ def _delta_grid_cached(key: str, step: float, size: int) -> np.ndarray:
             lo, hi = int(index.min()), int(index.max())
             b = np.zeros(hi - lo + 1)
             np.add.at(b, index - lo, p.b)
-            u = np.exp(np.arange(lo - size + 1, hi + 1) * step)  # u = e^{loss − ε} for every loss and ε = k·step
+            u = strict.exp(np.arange(lo - size + 1, hi + 1) * step)  # u = e^{loss − ε} for every loss and ε = k·step
             j = np.searchsorted(breaks, u, side="right") - 1
             g = np.maximum(c[j] * u - d[j], 0.0)
             # S[k] = Σ_loss b·g(e^{loss − k·step}): one correlation (FFT), plus a bound on its rounding error
             s = fftconvolve(g, b[::-1], mode="valid")[::-1]
-            margin = 1e-13 * math.sqrt(float(np.dot(g, g)) * float(np.dot(b, b))) * max(1.0, math.log2(len(g)))
-            worst = np.maximum(worst, np.exp(k * step) * (np.maximum(s, 0.0) + margin) + search.tail * p.a_inf)
+            margin = 1e-13 * math.sqrt(float(np.sum(g * g)) * float(np.sum(b * b))) * max(1.0, math.log2(len(g)))
+            worst = np.maximum(worst, strict.exp(k * step) * (np.maximum(s, 0.0) + margin) + search.tail * p.a_inf)
     out = np.minimum(worst, 1.0)
     out.flags.writeable = False
     return out

@@ -15,6 +15,7 @@ import math
 import numpy as np
 from scipy.special import gammaln
 
+from dptune.accounting import _strictmath as strict
 from dptune.accounting._convert import rdp_to_delta
 
 __all__ = ["draw_tnb", "random_stopping_rdp", "tnb_gamma", "tnb_mean"]
@@ -67,7 +68,7 @@ def random_stopping_rdp(orders: np.ndarray, rdp: np.ndarray, *, mean: float, sha
         raise ValueError(f"shape must be >= 0, got {shape}")
     with np.errstate(divide="ignore", invalid="ignore"):
         if shape == math.inf:  # Theorem 6, δ̂ at the largest ε̂ with e^ε̂ <= 1 + 1/(λ − 1)
-            eps_hat = np.log1p(1 / (orders - 1))
+            eps_hat = strict.log1p(1 / (orders - 1))
             out = rdp + mean * rdp_to_delta(orders, rdp, epsilons=eps_hat)
         else:  # Theorem 2, the λ̂ term minimised over the orders λ̂ >= 1
             gamma = tnb_gamma(mean=mean, eta=shape)
