@@ -222,3 +222,21 @@ def _source(item: pytest.Item) -> str:
         except (OSError, TypeError):
             continue
     return "\n".join(out)
+
+
+@pytest.hookimpl(trylast=True)  # after the durations table: the run's last lines
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The run's last lines say what it skipped and why (issue 58): a user's ``make test`` without PostgreSQL or
+    Chromium (which ``.ci/run`` installs) passes, and says which tests did not run and what to install for them."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ").strip().splitlines()[0] if reason.strip() else "no reason given"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if not reasons:
+        return
+    total = sum(reasons.values())
+    terminalreporter.write_sep("-", f"dptune: {total} test{'s' if total != 1 else ''} skipped, and why")
+    for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        terminalreporter.write_line(f"{count:4d}  {reason[:200]}")

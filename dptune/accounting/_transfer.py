@@ -257,6 +257,11 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
         tp = plan_transfer(space, plan, final_n=final_n)
     d = baseline or space.baseline
     rehearsed, rehearsed_se, basis = _rehearsal_for(space, plan, d, n_train)
+    if rehearsed is None and pr.kind_gain is not None and pr.kind_gain_se is not None:
+        rehearsed, basis = _rehearsed_gain(pr.kind_gain, p.target_epsilon)
+        rehearsed_se = _rehearsed_gain(pr.kind_gain_se, p.target_epsilon)[0]
+        basis = f"searches by its rules on the public proxy of this kind of data, {basis.replace('rehearsed', 'measured')}"
+
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
                                          steps=t_a, delta=plan.delta, target_epsilon=p.target_epsilon)

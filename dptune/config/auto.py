@@ -26,7 +26,7 @@ __all__ = ["AUTO", "HARDWARE", "PublicFacts", "batch_sizes", "derive", "facts_of
 
 AUTO = "auto"
 HARDWARE = ("cpu", "gpu")
-RULES_VERSION = 1  # bumped whenever a rule below changes (a derived space names it)
+RULES_VERSION = 2  # bumped whenever a rule below changes (a derived space names it)
 
 # each reader's input shape (C, H, W): fixed by the reader (imagefolder resizes to 32x32 RGB), never read off files
 _SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32),
@@ -50,6 +50,21 @@ L_LOW = {"gn_cnn": 0.8, "tanh_cnn": 0.8, "resnet9": 0.8, "mlp": 0.4}
 # judges, with its threshold raised to where the rehearsed gain of this kind of search crossed zero on the public
 # MNIST proxy (bench/results/auto_rules.md): the analytic proxy overstates a noisy search's gain.
 PRIORS = {"accuracy_spread": 0.0878, "loss_per_noise_doubling": 0.3076, "min_gain": 0.1}
+# Rules v2 (issue 58): the verdict of a derived search is what searches by these rules gained over the literature
+# default on the public proxy of its kind, per total ε (mean and std error over the proxy seeds, accuracy units), read
+# like a rehearsal: expected to pay iff the gain at the target ε (linear in log ε, the nearest ε outside) is above its
+# std error. The analytic proxy above had refused digits at ε 2 and 4 (+5.1 and +7.3 points measured) and the kept-back
+# grey images (+3.0 and +4.4): it scales badly across data sizes. Fixed from public proxies only, before the
+# evaluation on fresh seeds (bench/results/auto_rules.md, "Rules v2"): small grey images (gn_cnn) from digits' split
+# seeds 200-205 (bench/results/tuning_value_auto_digits.json: auto − default), other grey images (tanh CNN) from the
+# public MNIST training images (bench/results/sim_mnist_v5.md, rules-alike search: R5). Tables and colour images have
+# no measured proxy of their kind: the analytic model judges them, as in v1.
+KIND_GAIN = {
+    "gn_cnn": ({1.0: 0.0014, 2.0: 0.0509, 4.0: 0.0727}, {1.0: 0.0343, 2.0: 0.0079, 4.0: 0.0111},
+               "digits, split seeds 200-205"),
+    "tanh_cnn": ({1.0: -0.0106, 2.0: 0.0184, 4.0: 0.0288}, {1.0: 0.0065, 2.0: 0.0070, 4.0: 0.0057},
+                 "the public MNIST training images, proxy seeds 100-105"),
+}
 
 
 @dataclass(frozen=True)
@@ -156,9 +171,20 @@ def derive(dataset: Mapping[str, Any], facts: PublicFacts, name: str | None = No
         "privacy": {"delta": facts.delta, "stopping": "poisson", "mean": 3, "score_noise": score_noise,
                     "target_epsilon": facts.target_epsilon, "search_share": 0.3},
         "search": {"searcher": "random", "scheduler": "fifo", "lr_reference_batch": 256, "lr_batch_power": 0.5},
-        "planner": {"proxy": f"space: auto (rules v{RULES_VERSION}, bench/results/auto_rules.md): no rehearsal of "
-                             "this search, the analytic model with the priors measured on the public proxies",
-                    "accuracy_spread": PRIORS["accuracy_spread"],
-                    "loss_per_noise_doubling": PRIORS["loss_per_noise_doubling"],
-                    "min_gain": PRIORS["min_gain"], "baseline": dict(LITERATURE_DEFAULT)},
+        "planner": _planner(model["name"]),
     }
+
+
+def _planner(model: str) -> dict[str, Any]:
+    """The planner section of a derived space: its kind's measured proxy gains where there are some (KIND_GAIN),
+    and the analytic model's priors (which judge where there are none)."""
+    planner: dict[str, Any] = {
+        "accuracy_spread": PRIORS["accuracy_spread"], "loss_per_noise_doubling": PRIORS["loss_per_noise_doubling"],
+        "min_gain": PRIORS["min_gain"], "baseline": dict(LITERATURE_DEFAULT)}
+    where = f"space: auto (rules v{RULES_VERSION}, bench/results/auto_rules.md)"
+    if model in KIND_GAIN:
+        gain, se, proxy = KIND_GAIN[model]
+        return {**planner, "proxy": f"{where}: searches by these rules on {proxy}", "kind_gain": dict(gain),
+                "kind_gain_se": dict(se)}
+    return {**planner, "proxy": f"{where}: no proxy of this kind measured, the analytic model with the priors measured "
+                                "on the public proxies"}

@@ -274,6 +274,11 @@ class PlannerSpec:
         rehearsal_of: The key (``accounting.rehearsal_key``) of the search that was rehearsed: a space whose
             search differs from it (another range, rule, share, baseline or a flag's override) is judged by the
             analytic model instead, and the verdict says so.
+        kind_gain: Where no rehearsal of this search applies: the measured gain over the baseline of searches
+            made by the same rules on the public proxy of this kind of data (``space: auto``: digits for small grey
+            images, the public MNIST training images for other grey images), total ε -> accuracy units. The verdict
+            then reads it as a rehearsal: expected to pay iff the gain at the target ε is above ``kind_gain_se``.
+        kind_gain_se: Its standard error over the proxy seeds, per total ε (the same keys).
     """
 
     proxy: str = "none: generic priors"
@@ -286,8 +291,20 @@ class PlannerSpec:
     rehearsal: dict[float, float] | None = None  # total ε -> the rehearsed gain (accuracy units)
     rehearsal_of: str | None = None  # accounting.rehearsal_key of the search rehearsed
     rehearsal_se: dict[float, float] | None = None  # total ε -> the rehearsed gain's std error over proxy seeds
+    kind_gain: dict[float, float] | None = None  # total ε -> this kind of search's measured gain on its kind's proxy
+    kind_gain_se: dict[float, float] | None = None  # total ε -> its std error over the proxy seeds
 
     def __post_init__(self) -> None:
+        if (self.kind_gain is None) != (self.kind_gain_se is None):
+            raise ConfigError("planner.kind_gain_se" if self.kind_gain_se is None else "planner.kind_gain",
+                              "kind_gain and kind_gain_se come together", "give both (per total ε), or neither")
+        if self.kind_gain is not None and self.kind_gain_se is not None:
+            gain, se = _rehearsal(self.kind_gain, "planner.kind_gain"), _rehearsal(self.kind_gain_se, "planner.kind_gain_se")
+            if set(se) != set(gain) or any(v <= 0 for v in se.values()):
+                raise ConfigError("planner.kind_gain_se", f"{self.kind_gain_se!r} is not a standard error > 0 for "
+                                  f"each epsilon of planner.kind_gain {sorted(gain)}", "give one per epsilon")
+            object.__setattr__(self, "kind_gain", gain)
+            object.__setattr__(self, "kind_gain_se", se)
         if self.rehearsal_se is not None and self.rehearsal is None:
             raise ConfigError("planner.rehearsal_se", "is given without planner.rehearsal",
                               "give the rehearsed gains (planner.rehearsal) it is the standard error of, or remove it")

@@ -55,9 +55,13 @@ def verdict(space: SearchSpace, n_train: int, n_val: int, planned: tuple[Plan, T
     if a.pays:
         return
     if not tune_anyway:
+        measured = (f"its public proxy measured {100 * a.rehearsed:+.2f} points (std error "
+                    f"{100 * (a.rehearsed_se or 0.0):.2f}) for this search over the baseline: the accuracy refusing "
+                    "gives up, within the proxy's noise" if a.rehearsed is not None else
+                    f"its analytic proxy says {100 * a.proxy:+.2f} points, under the {100 * a.min_gain:.2f} it asks for")
         raise ConfigError("--tune-anyway", "the planner does not expect this search to beat training the baseline "
-                          "config (planner.baseline, else the default) once with the whole budget (see its verdict "
-                          "above); nothing was charged",
+                          f"config (planner.baseline, else the default) once with the whole budget: {measured} (its "
+                          "verdict above); nothing was charged",
                           ("raise --target-epsilon (a derived space's rules are fixed: space: auto)" if space.auto
                            else "raise privacy.target_epsilon, widen privacy.search_share or the space")
                           + ", or pass --tune-anyway (API: tune_anyway=True) to search anyway")
