@@ -50,6 +50,20 @@ def test_edges_are_numpys(name: str) -> None:
     assert isinstance(getattr(strict, name)(0.5), np.floating)  # a scalar in, a scalar out (as a ufunc)
 
 
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_a_scalar_gives_the_arrays_bits(name: str) -> None:
+    """The scalar paths (dp_accounting calls these on one float at a time) are the array paths' operations in Python
+    floats: the same bits, specials included."""
+    f = getattr(strict, name)
+    x = np.concatenate([INPUTS[name][::7], [0.0, -0.0, np.inf, -np.inf, np.nan, -1.0, 5e-324, 709.78, -745.13]])
+    with np.errstate(all="ignore"):
+        arrays = f(x)
+    scalars = np.array([f(float(v)) for v in x])
+    same = (arrays.view(np.int64) == scalars.view(np.int64)) | (np.isnan(arrays) & np.isnan(scalars))
+    assert same.all(), x[~same]
+    assert isinstance(f(np.float64(0.25)), np.float64) and f(1) == f(1.0)
+
+
 def test_complex_products_are_numpys_to_rounding() -> None:
     z = RNG.normal(size=1000) + 1j * RNG.normal(size=1000)
     np.testing.assert_allclose(strict.complex_multiply(z, z[::-1]), z * z[::-1], rtol=1e-15)
@@ -68,6 +82,7 @@ from test_strictmath import INPUTS
 from dptune.accounting import _strictmath as strict
 z = INPUTS["exp"][:4096] / 700 + 1j * INPUTS["expm1"][:4096] / 700
 parts = [getattr(strict, name)(x).tobytes() for name, x in sorted(INPUTS.items())]
+parts += [np.array([getattr(strict, name)(float(v)) for v in x[:500]]).tobytes() for name, x in sorted(INPUTS.items())]
 parts += [strict.logaddexp(INPUTS["log1p"], INPUTS["expm1"]).tobytes(), strict.complex_power(z, 625).tobytes(),
           strict.complex_multiply(z, z[::-1]).tobytes()]
 print(hashlib.sha256(b"".join(parts)).hexdigest())

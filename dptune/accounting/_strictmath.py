@@ -22,6 +22,7 @@ for exp/log (fdlibm's bound), a few ulp for expm1/log1p; ±inf, NaN and the doma
 
 from __future__ import annotations
 
+import math
 import types
 from typing import Any
 
@@ -52,8 +53,74 @@ def _out(result: np.ndarray, x: Any) -> Any:
     return result[()] if result.ndim == 0 and np.ndim(x) == 0 else result
 
 
+def _scalar(x: Any) -> float | None:
+    """``x`` as a Python float when it is one number (a library's scalar call: dp_accounting's loops make tens of
+    thousands), else None. Python's float operations are IEEE-754 double operations, as NumPy's on float64 arrays, so
+    the scalar paths below give the very floats of the array paths, without their per-call overhead
+    (``tests/test_strictmath.py`` compares them bit for bit)."""
+    if isinstance(x, float | int | np.floating | np.integer) and not isinstance(x, bool):
+        return float(x)
+    return None
+
+
+def _exp_scalar(x: float) -> float:
+    if math.isnan(x) or x > _EXP_OVERFLOW:
+        return x if math.isnan(x) else math.inf
+    if x < _EXP_UNDERFLOW:
+        return 0.0
+    k = round(x * _INV_LN2)  # half to even, as np.rint
+    hi = x - k * _LN2_HI
+    lo = k * _LN2_LO
+    r = hi - lo
+    t = r * r
+    c = r - t * (_P[0] + t * (_P[1] + t * (_P[2] + t * (_P[3] + t * _P[4]))))
+    y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
+    return math.ldexp(math.ldexp(y, k // 2), k - k // 2)
+
+
+def _log_scalar(x: float) -> float:
+    if math.isnan(x) or x < 0.0:
+        return math.nan
+    if x == 0.0:
+        return -math.inf
+    if x == math.inf:
+        return math.inf
+    m, e = math.frexp(x)
+    low = m < _SQRT_HALF
+    if low:
+        m *= 2.0
+    k = float(e - low)
+    f = m - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (_LG[1] + w * (_LG[3] + w * _LG[5]))
+    t2 = z * (_LG[0] + w * (_LG[2] + w * (_LG[4] + w * _LG[6])))
+    r = t2 + t1
+    hfsq = 0.5 * f * f
+    return k * _LN2_HI - ((hfsq - (s * (hfsq + r) + k * _LN2_LO)) - f)
+
+
+def _log1p_scalar(x: float) -> float:
+    if x == math.inf:
+        return math.inf
+    u = 1.0 + x
+    d = u - 1.0
+    return x if d == 0.0 else _log_scalar(u) * (x / d)
+
+
+def _expm1_scalar(x: float) -> float:
+    u = _exp_scalar(x)
+    d = u - 1.0
+    if u != 1.0 and d != -1.0 and math.isfinite(u):
+        return d * (x / _log_scalar(u))
+    return x if u == 1.0 else d
+
+
 def exp(x: Any) -> Any:
     """e^x, fdlibm's ``__ieee754_exp``: x = k·ln2 + r, |r| ≤ ln2/2, e^r from a rational approximation, × 2^k."""
+    if (v := _scalar(x)) is not None:
+        return np.float64(_exp_scalar(v))
     x = _f64(x)
     with np.errstate(all="ignore"):
         k = np.rint(x * _INV_LN2)
@@ -75,6 +142,8 @@ def exp(x: Any) -> Any:
 def log(x: Any) -> Any:
     """The natural log, fdlibm's ``__ieee754_log``: x = 2^k·(1 + f), √2/2 ≤ 1 + f < √2, s = f/(2 + f),
     log(1 + f) = f − s·(f − R(s²)), plus k·ln2 in two parts; 0 → −inf, < 0 → NaN, +inf → +inf."""
+    if (v := _scalar(x)) is not None:
+        return np.float64(_log_scalar(v))
     x = _f64(x)
     with np.errstate(all="ignore"):
         m, e = np.frexp(x)  # exact: x = m·2^e, m ∈ [0.5, 1) (subnormals too)
@@ -99,6 +168,8 @@ def log(x: Any) -> Any:
 
 def log1p(x: Any) -> Any:
     """log(1 + x), accurate near 0: u = 1 + x rounded, log(u)·x/(u − 1) (Goldberg 1991, Thm 4); x where u == 1."""
+    if (v := _scalar(x)) is not None:
+        return np.float64(_log1p_scalar(v))
     x = _f64(x)
     with np.errstate(all="ignore"):
         u = 1.0 + x
@@ -110,6 +181,8 @@ def log1p(x: Any) -> Any:
 
 def expm1(x: Any) -> Any:
     """e^x − 1, accurate near 0: u = e^x, (u − 1)·x/log(u) (Kahan); x where u == 1, −1 where u − 1 == −1."""
+    if (v := _scalar(x)) is not None:
+        return np.float64(_expm1_scalar(v))
     x = _f64(x)
     with np.errstate(all="ignore"):
         u = exp(x)
