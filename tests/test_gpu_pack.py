@@ -78,6 +78,7 @@ def test_the_bench_spaces_are_the_repositorys_run_n_trials(tmp_path: Path) -> No
     assert bench.max_concurrent([(0, 1), (1, 2)]) == 1  # type: ignore[attr-defined]
 
 
+@pytest.mark.integration  # the bench's pack stage end to end, ~50 s (make test-slow; CI runs it)
 @pytest.mark.skipif(not (MNIST / "t10k-images-idx3-ubyte.gz").exists(), reason="needs ../shared/data/mnist-t10k")
 def test_the_pack_stage_smoke_run_packs_trials_on_one_gpu(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     out = tmp_path / "pack.json"

@@ -112,6 +112,7 @@ def _rgb16(digits: Splits, n: int) -> Splits:
                   num_classes=digits.num_classes, input_shape=(3, 16, 16))
 
 
+@pytest.mark.slow  # ResNet-9 groups probed at every chunk size: ~60-120 s on 2 cores (make test-slow; CI runs it)
 def test_a_trial_does_not_show_how_many_share_its_calls(digits: Splits, monkeypatch: pytest.MonkeyPatch) -> None:
     """ResNet-9, whose batched kernels sum in another order when a call's lane count changes (on a CPU at 32 rows,
     not at the 4 rows the guard used to probe): a trial in a group of one and in a group of two is the same bit for

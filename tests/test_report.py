@@ -30,6 +30,10 @@ from dptune.rundir import RunDir
 from dptune.trials import read_trials, write_trials
 from tests.conftest import free_port, run_cli
 
+# one real smoke search (~40-80 s on 2 cores) feeds every test here: a whole command end to end (make test-slow; CI
+# runs it); the default suite keeps its one end-to-end search in test_search
+pytestmark = pytest.mark.integration
+
 CHROMIUM = Path("/usr/bin/chromium")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

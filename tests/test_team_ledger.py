@@ -47,21 +47,30 @@ def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Complete
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
-def test_postgres_url_is_a_ledger_and_its_password_is_never_shown_or_recorded(pg: Any, pg_url: str,
-                                                                             tmp_path: Path) -> None:
-    """Item 1: `--ledger postgresql://user:password@host:port/db` charges the team database (not a SQLite file
-    named after the URL); the password is in no printed line (the `ledger:` line shows the URL without it), no
+def test_postgres_url_is_a_ledger_and_its_password_is_never_on_a_command_line(pg: Any, pg_url: str,
+                                                                               tmp_path: Path) -> None:
+    """Item 1, and issue 64 item 3: `--ledger postgresql://user@host:port/db` charges the team database (not a SQLite
+    file named after the URL), the password from libpq's own sources (here PGPASSWORD); a URL that holds the password
+    is refused (exit 2, nothing charged, the alternatives named, the password not echoed): a command line is every
+    local user's to read and Ray shows the driver's as its job entrypoint. The password is in no printed line, no
     file of the run (sealed/ and the certificate), nor the resume command or call."""
     from dptune.api import resume_call
     from dptune.cli.search import resume_command
 
     db = pg_url.rsplit("/", 1)[1]
-    url = pg.url(db, password=pg.password)
     env = _cli_env(tmp_path)
-    env.pop("PGPASSFILE", None)  # the password comes from the URL only
-    r = _run(["-m", "dptune.search", "--space", SPACE, "--name", "s1", "--runs-dir", str(tmp_path / "runs"),
-              "--ledger", url, "--budget-epsilon", "20"], env, tmp_path)
+    env.pop("PGPASSFILE", None)  # the password comes from the environment only
+    args = ["-m", "dptune.search", "--space", SPACE, "--name", "s1", "--runs-dir", str(tmp_path / "runs"),
+            "--budget-epsilon", "20"]
+    for given in (pg.url(db, password=pg.password), f"{pg.url(db)}?password={pg.password}"):
+        r = _run([*args, "--ledger", given], {**env, "PGPASSWORD": pg.password}, tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "--ledger: holds a password" in r.stderr and pg.password not in r.stdout + r.stderr
+        assert all(w in r.stderr for w in ("~/.pgpass", "PGPASSWORD", "service")), r.stderr
+        assert not (tmp_path / "runs").exists()
+    r = _run([*args, "--ledger", pg.url(db)], {**env, "PGPASSWORD": pg.password}, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+    url = pg.url(db)
     shown = f"postgresql://postgres@127.0.0.1:{pg.port}/{db}"
     assert f"ledger: {shown}" in r.stdout
     assert pg.password not in r.stdout + r.stderr
@@ -71,7 +80,7 @@ def test_postgres_url_is_a_ledger_and_its_password_is_never_shown_or_recorded(pg
             assert pg.password.encode() not in f.read_bytes(), f
     state = json.loads((tmp_path / "runs" / "s1" / "sealed" / "state.json").read_text())
     assert state["ledger"] == shown
-    [charge] = Ledger(pg_url).charges()
+    [charge] = Ledger(pg_url).charges()  # one: the refused runs charged nothing
     assert charge.status == "committed" and charge.name == "s1"
     cert = json.loads((tmp_path / "runs" / "s1" / "release" / "certificate.json").read_text())
     assert cert["binding"]["charges"][0]["token"] == charge.token  # bound to the team ledger's charge
@@ -79,8 +88,10 @@ def test_postgres_url_is_a_ledger_and_its_password_is_never_shown_or_recorded(pg
                  resume_command(["--space", SPACE, f"--ledger={url}"], "s1"),
                  resume_call({"space": SPACE, "ledger": url}, "s1"), repr(ledger_location(url))):
         assert pg.password not in text and shown in text, text
-    r = _run(["-m", "dptune.cli.ledger", "show", "--ledger", url], env, tmp_path)
+    r = _run(["-m", "dptune.cli.ledger", "show", "--ledger", url], {**env, "PGPASSWORD": pg.password}, tmp_path)
     assert r.returncode == 0 and shown in r.stderr and pg.password not in r.stdout + r.stderr, r.stderr
+    r = _run(["-m", "dptune.cli.ledger", "show", "--ledger", pg.url(db, password=pg.password)], env, tmp_path)
+    assert r.returncode == 2 and "holds a password" in r.stderr and pg.password not in r.stdout + r.stderr
 
 
 def _login(pg: Any, name: str) -> tuple[str, str]:
@@ -219,8 +230,8 @@ def test_unreachable_server_at_start_exits_2_naming_the_host_not_the_password(tm
     port = free_port()  # nothing listens there
     secret = "s3cret-" + os.urandom(6).hex()
     r = _run(["-m", "dptune.search", "--space", SPACE, "--name", "s1", "--runs-dir", str(tmp_path / "runs"),
-              "--ledger", f"postgresql://alice:{secret}@127.0.0.1:{port}/dptune", "--budget-epsilon", "20"],
-             _cli_env(tmp_path), tmp_path)
+              "--ledger", f"postgresql://alice@127.0.0.1:{port}/dptune", "--budget-epsilon", "20"],
+             {**_cli_env(tmp_path), "PGPASSWORD": secret}, tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"127.0.0.1:{port}" in r.stderr and "cannot reach the PostgreSQL ledger" in r.stderr
     assert secret not in r.stdout + r.stderr

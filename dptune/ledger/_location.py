@@ -1,9 +1,9 @@
 """Where a ledger lives: a SQLite file (the embedded default, one curator) or a PostgreSQL database (a team's).
 
-``--ledger`` takes either a path or a ``postgresql://`` (``postgres://``) URL, as libpq reads it: a password in the
-URL is used to connect but never shown, recorded (``sealed/state.json``), logged or certified; the usual libpq
-sources are preferred (``~/.pgpass`` / ``PGPASSFILE``, ``PGPASSWORD``, a service in ``~/.pg_service.conf`` /
-``PGSERVICEFILE`` with ``?service=NAME``). A :class:`LedgerLocation` prints as its password-free form
+``--ledger`` takes either a path or a ``postgresql://`` (``postgres://``) URL, as libpq reads it. A password in the
+URL is refused (exit 2, nothing charged: a command line is public to every local user and to Ray's dashboard); libpq's
+own sources give it (``~/.pgpass`` / ``PGPASSFILE`` / ``passfile=``, ``PGPASSWORD``, a service in
+``~/.pg_service.conf`` / ``PGSERVICEFILE`` with ``?service=NAME`` or ``PGSERVICE``). A :class:`LedgerLocation` prints as its password-free form
 (``postgresql://alice@db.example:5432/dptune``): that form is what state files record and what a resumed search or
 final training compare.
 """
@@ -77,15 +77,17 @@ def ledger_location(given: str | Path | LedgerLocation | None = None) -> LedgerL
     """``given`` (a path, a URL, or None: ``$DPTUNE_LEDGER`` if set, else :func:`default_ledger_path`)."""
     if isinstance(given, LedgerLocation):
         return given
+    field = "--ledger"
     if given is None or given == "":
+        field = "DPTUNE_LEDGER"
         given = os.environ.get("DPTUNE_LEDGER") or default_ledger_path()
     if is_url(given):
-        return _postgres(str(given))
+        return _postgres(str(given), field)
     path = Path(given).expanduser().resolve()
     return LedgerLocation("sqlite", str(path), str(path))
 
 
-def _postgres(url: str) -> LedgerLocation:
+def _postgres(url: str, field: str = "--ledger") -> LedgerLocation:
     from psycopg.conninfo import conninfo_to_dict
 
     from dptune.errors import ConfigError
@@ -93,9 +95,17 @@ def _postgres(url: str) -> LedgerLocation:
     try:
         parts = {k: str(v) for k, v in conninfo_to_dict(url).items()}
     except Exception as e:  # libpq's parser: its message never echoes the password
-        raise ConfigError("--ledger", f"is not a PostgreSQL URL libpq can read ({scrub(str(e), url)})",
+        raise ConfigError(field, f"is not a PostgreSQL URL libpq can read ({scrub(str(e), url)})",
                           "give postgresql://USER@HOST:PORT/DBNAME (the password in ~/.pgpass, PGPASSFILE or "
                           "PGPASSWORD, or a service: postgresql:///?service=NAME)") from None
+    if parts.get("password") or parts.get("sslpassword"):
+        # a command line is every local user's to read (ps, /proc/*/cmdline), and Ray shows the driver's as its job's
+        # entrypoint on the dashboard and /api/jobs/: a secret never rides on one (issue 64)
+        raise ConfigError(field, "holds a password: a command line is visible to every local user (ps) and Ray shows "
+                          "the search's as its job entrypoint on the dashboard; nothing was charged",
+                          "remove it from the URL and let libpq find it: a line in ~/.pgpass (or the file PGPASSFILE "
+                          "or passfile= names), a service in ~/.pg_service.conf (postgresql:///?service=NAME or "
+                          "PGSERVICE), or PGPASSWORD in the environment") from None
     kept = tuple(sorted((k, v) for k, v in parts.items() if k not in _SECRET_KEYS))
     p = dict(kept)
     user = f"{quote(p['user'], safe='')}@" if p.get("user") else ""
