@@ -25,8 +25,13 @@ def event_sha256(event: de.DpEvent) -> str:
 
 
 class LedgerUnavailable(ConfigError):
-    """The ledger's server could not be reached, or its answer was lost (exit 2; the message names the host,
-    never a password)."""
+    """The ledger's server could not be reached, refused this login, or its answer was lost (exit 2; the message
+    names the host and the failure's class, never a password). ``retry``: whether waiting can help (no server
+    answered, or the connection was lost), as opposed to a refusal (login, connection limit, SSL, read-only)."""
+
+    def __init__(self, field: str, problem: str, fix: str, *, retry: bool = False) -> None:
+        super().__init__(field, problem, fix)
+        self.retry = retry
 
 
 class DbCon:
@@ -58,7 +63,7 @@ class Backend(Protocol):
     location: LedgerLocation
     lock: str  # appended to a SELECT of the budget rows a transaction writes under (" FOR UPDATE"; SQLite: "")
 
-    def connect(self, read_only: bool = False) -> DbCon: ...
+    def connect(self, read_only: bool = False, wait: float | None = None) -> DbCon: ...
 
     def begin(self, con: DbCon, exclusive: bool) -> None: ...
 

@@ -15,6 +15,9 @@ nothing else: no DELETE, TRUNCATE, other column updates, or DDL (it cannot drop 
 
 from __future__ import annotations
 
+import getpass
+import math
+import os
 import time
 from typing import Any
 
@@ -23,7 +26,51 @@ from dptune.ledger._backend import DbCon, LedgerUnavailable
 from dptune.ledger._keys import key_check, read_key, write_key
 from dptune.ledger._location import LedgerLocation, scrub
 
-__all__ = ["CURATOR_ROLE", "PostgresBackend", "grant_curators", "open_team"]
+__all__ = ["CURATOR_ROLE", "PostgresBackend", "commit_wait", "connect_wait", "failure_kind", "grant_curators",
+           "open_team"]
+
+CONNECT_WAIT = 10.0  # seconds a connection before a charge waits for a server that does not answer
+COMMIT_WAIT = 120.0  # seconds closing a charge waits (a restart or failover): DPTUNE_LEDGER_WAIT overrides it
+
+
+def commit_wait() -> float:
+    """How long closing a charge waits for the server: ``DPTUNE_LEDGER_WAIT`` seconds, else :data:`COMMIT_WAIT`."""
+    given = os.environ.get("DPTUNE_LEDGER_WAIT", "")
+    try:
+        value = float(given) if given else COMMIT_WAIT
+    except ValueError:
+        raise ConfigError("DPTUNE_LEDGER_WAIT", f"{given!r} is not a number of seconds", "e.g. 300") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError("DPTUNE_LEDGER_WAIT", f"{given!r} is not a number of seconds >= 0", "e.g. 300")
+    return value
+
+
+def connect_wait() -> float:
+    """How long any other connection waits for a server that does not answer: before a charge, failing fast."""
+    return min(CONNECT_WAIT, commit_wait())
+
+
+def failure_kind(e: BaseException) -> str:
+    """The class of a connection failure: ``unreachable`` (no server answered, or it is starting or stopping: worth
+    waiting for), ``login`` (authentication), ``limit`` (too many connections), ``ssl``, ``database`` (no such
+    database), else ``other``. From the SQLSTATE where the server sent one, else libpq's own words."""
+    state = getattr(e, "sqlstate", None) or ""
+    text = str(e).lower()
+    if state in ("28P01", "28000") or "password authentication failed" in text or "no password supplied" in text \
+            or "authentication failed" in text:
+        return "login"
+    if state == "53300" or "too many connections" in text or "connection slots are reserved" in text:
+        return "limit"
+    if state == "3D000" or ("database" in text and "does not exist" in text):
+        return "database"
+    if state in ("57P03", "57P01", "57P02") or any(w in text for w in (
+            "connection refused", "timeout expired", "could not connect", "no such file or directory",
+            "server closed the connection unexpectedly", "connection reset", "the database system is starting up",
+            "the database system is shutting down")):
+        return "unreachable"
+    if "ssl" in text:
+        return "ssl"
+    return "other"
 
 CURATOR_ROLE = "dptune_curator"
 
@@ -67,19 +114,25 @@ class PostgresBackend:
     def __init__(self, location: LedgerLocation) -> None:
         self.location = location
 
-    def connect(self, read_only: bool = False) -> DbCon:
+    def connect(self, read_only: bool = False, wait: float | None = None) -> DbCon:
+        """A connection; only while no server answers (refused, timed out, starting up) it is tried again, for up to
+        ``wait`` seconds (default :func:`connect_wait`: short before a charge); a login, connection-limit, SSL or
+        database refusal is raised at once, each as its own message (one attempt: one line in the server's log)."""
         import psycopg
 
-        delays = (0.2, 0.5, 1.0, 2.0)  # a server restarting answers within seconds
-        for attempt in range(len(delays) + 1):
+        deadline = time.monotonic() + (connect_wait() if wait is None else wait)
+        delay = 0.2
+        while True:
             try:
                 raw = psycopg.connect(self.location.target, autocommit=True, connect_timeout=10,
                                       application_name="dptune")
                 break
             except psycopg.OperationalError as e:
-                if attempt == len(delays):
-                    raise self._unreachable(e) from None
-                time.sleep(delays[attempt])
+                kind = failure_kind(e)
+                if kind != "unreachable" or time.monotonic() + delay > deadline:
+                    raise self.refused(kind, e) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
         raw.execute("SET synchronous_commit = on")  # durable at COMMIT, whatever the server's default
         raw.execute("SET lock_timeout = '120s'")
         return DbCon(raw, pyformat=True)
@@ -97,22 +150,48 @@ class PostgresBackend:
         return isinstance(e, pe.SerializationFailure | pe.DeadlockDetected)
 
     def unavailable(self, e: BaseException) -> LedgerUnavailable | None:
-        """A connection lost mid-transaction: whether a COMMIT landed is unknown, so the caller is told so."""
+        """An error inside a session that is the server's, not the ledger's logic: a connection lost mid-transaction
+        (whether a COMMIT landed is unknown, so the caller is told so), or a read-only server (a standby, or a login
+        whose transactions default to read-only)."""
         import psycopg
 
+        if isinstance(e, psycopg.errors.ReadOnlySqlTransaction):
+            return self.refused("read-only", e)
         if isinstance(e, psycopg.OperationalError) and not self.retryable(e):
             return LedgerUnavailable(
                 "--ledger", f"the connection to the PostgreSQL ledger {self.location} (server {self.location.host}) "
                 f"was lost ({self._first_line(e)}); a write in flight may or may not have been stored",
-                f"check the server, then `{python_m('dptune.cli.ledger')} show --ledger {self.location}` lists every charge")
+                f"check the server, then `{python_m('dptune.cli.ledger')} show --ledger {self.location}` lists every "
+                "charge", retry=True)
         return None
 
-    def _unreachable(self, e: BaseException) -> LedgerUnavailable:
-        return LedgerUnavailable(
-            "--ledger", f"cannot reach the PostgreSQL ledger {self.location} (server {self.location.host}): "
-            f"{self._first_line(e)}; nothing was charged and nothing ran",
-            "start or reach the server (or fix the URL); the password comes from ~/.pgpass, PGPASSFILE or PGPASSWORD, "
-            "never from a printed line")
+    def refused(self, kind: str, e: BaseException) -> LedgerUnavailable:
+        """The message for a failure of class ``kind`` (:func:`failure_kind`): what happened, naming the server and
+        the login, and its fix. It says nothing of charges: the caller knows where its charge stands."""
+        where = f"the PostgreSQL ledger {self.location} (server {self.location.host})"
+        line = self._first_line(e)
+        user = dict(self.location.params).get("user") or os.environ.get("PGUSER") or getpass.getuser()
+        problem, fix = {
+            "unreachable": (f"cannot reach {where}: {line}",
+                            "start or reach the server (or fix the host and port); a search waits "
+                            f"{connect_wait():g} s before its charge and {commit_wait():g} s to close it "
+                            "(DPTUNE_LEDGER_WAIT sets the latter)"),
+            "login": (f"{where} refused the login {user!r}: {line}",
+                      "give libpq the right password for that login: a line in ~/.pgpass (0600) or the file "
+                      "PGPASSFILE names, PGPASSWORD, or a service; or ask the ledger's administrator for a login"),
+            "limit": (f"{where} is at its connection limit: {line}",
+                      "try again when other sessions have ended, or raise the server's max_connections (or this "
+                      "role's CONNECTION LIMIT)"),
+            "ssl": (f"{where} refused the connection's SSL mode: {line}",
+                    "set sslmode in the URL to one the server offers (sslmode=require for a server with SSL, "
+                    "sslmode=disable for one without; sslrootcert= names the CA for verify-full)"),
+            "database": (f"{where}: {line}",
+                         f"fix the database name, or create it and run `{python_m('dptune.cli.ledger')} setup-team`"),
+            "read-only": (f"{where} accepts no writes: {line}",
+                          "point --ledger at the primary (add target_session_attrs=read-write to the URL, or name "
+                          "the primary's host)"),
+        }.get(kind, (f"cannot use {where}: {line}", "check the server and the URL"))
+        return LedgerUnavailable("--ledger", problem, fix, retry=kind == "unreachable")
 
     def _first_line(self, e: BaseException) -> str:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]

@@ -55,7 +55,7 @@ class SqliteBackend:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         private_file(self.path, create=True)  # SQLite gives its -wal/-shm files the database's mode
 
-    def connect(self, read_only: bool = False) -> DbCon:
+    def connect(self, read_only: bool = False, wait: float | None = None) -> DbCon:  # wait: a server's
         if read_only:  # every writer closed cleanly has checkpointed its WAL into the file
             return DbCon(sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
                                          isolation_level=None), pyformat=False)

@@ -29,7 +29,7 @@ from dptune.config import (
     stopping,
 )
 from dptune.errors import ConfigError, check_delta
-from dptune.ledger import Charge, Ledger, LedgerLocation, ledger_location
+from dptune.ledger import Charge, Ledger, LedgerLocation, LedgerUnavailable, ledger_location
 from dptune.release import (
     day_of,
     public_auto,
@@ -141,6 +141,19 @@ def _prepare(req: SearchRequest) -> _Prepared:
     transfer = None if not req.space.transfers else plan_transfer(
         req.space, plan, final_n=n_train + int(len(data.val[1])))
     return _Prepared(data, n_train, plan, data.pool_fingerprint(), run_spec(req.space), transfer, notes, req.space)
+
+
+def _preflight(location: str | Path | LedgerLocation) -> Ledger:
+    """The ledger opened before any data is read: a team ledger's server answers (exit 2 for each failure class if
+    not, ``LedgerUnavailable``) and this machine holds its curator key. Nothing is charged before this returns."""
+    try:
+        ledger = Ledger(location)
+        if ledger.location.is_postgres:
+            ledger.key()  # the key file this machine must hold, checked against the database's check value
+    except LedgerUnavailable as e:
+        raise LedgerUnavailable(e.field, f"{e.problem}; nothing was charged and nothing ran", e.fix,
+                                retry=e.retry) from None
+    return ledger
 
 
 def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
@@ -293,9 +306,9 @@ def run_search(req: SearchRequest, say: Callable[[str], None] = _say) -> SearchO
     say(f"dptune search {run.root.name!r}{' (resuming)' if req.resume else ''}: space {req.space.name}, "
         f"{req.space.searcher} search; loading the data and checking the models "
         f"({'no new charge' if req.resume else 'nothing is charged yet'})")
+    ledger = _preflight(req.ledger)  # before the data: a refused search fails in a second or two, not 20
     p = _prepare(req)
     req = dataclasses.replace(req, space=p.space or req.space)
-    ledger = Ledger(req.ledger)  # a team ledger's server answers here (exit 2 if not), before anything is charged
     for line in ledger_warnings(ledger.location):
         say(line)
     if req.space.alc is not None:
