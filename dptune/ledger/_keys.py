@@ -4,7 +4,7 @@ digests and content signatures (:mod:`dptune.ledger._budgets`).
 * A SQLite ledger keeps it beside the file (``<ledger>.key``, 0600): the file and its key travel together.
 * A team ledger (PostgreSQL) never stores it in the database, which every database user with read access (a DBA, a
   backup) could read: the key is a file each curator holds like a credential (0600), ``$DPTUNE_LEDGER_KEY`` or
-  ``~/.config/dptune/keys/<host>-<port>-<db>.key``, handed from the curator who set the ledger up (``python -m
+  ``~/.config/dptune/keys/<ledger id>.key`` (the random id the database holds), handed from the curator who set the ledger up (``python -m
   dptune.ledger setup-team`` writes it) over the channel the team uses for secrets. The database stores only a
   check value (HMAC of a constant under the key): a curator holding another key is refused at once (a wrong key
   would make every budget look unknown and open a fresh one), and the check value reveals nothing of the key.
@@ -25,16 +25,24 @@ from dptune.ledger._location import LedgerLocation
 __all__ = ["key_check", "read_key", "team_key_path", "write_key"]
 
 
-def team_key_path(location: LedgerLocation) -> Path:
+def team_key_path(location: LedgerLocation, ledger_id: str | None = None) -> Path:
+    """Where this machine holds a team ledger's key: ``$DPTUNE_LEDGER_KEY``, else ``keys/<ledger id>.key`` under
+    ``~/.config/dptune`` (the id the database holds: the same file however the ledger is reached, by URL, ``PG*``
+    variables, a service or a socket), else, for a key saved before ledgers had ids, the name spelled from the URL."""
     given = os.environ.get("DPTUNE_LEDGER_KEY")
     if given:
         return Path(given).expanduser().resolve()
     xdg = os.environ.get("XDG_CONFIG_HOME", "")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".config"
+    keys = base / "dptune" / "keys"
     p = dict(location.params)
     name = "-".join(x for x in (p.get("service") or p.get("host") or "localhost", p.get("port", "5432"),
                                 p.get("dbname") or p.get("user") or "postgres") if x)
-    return base / "dptune" / "keys" / (re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".key")
+    spelled = keys / (re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".key")
+    if ledger_id is None:
+        return spelled
+    by_id = keys / f"{ledger_id}.key"
+    return spelled if spelled.exists() and not by_id.exists() else by_id
 
 
 def key_check(key: bytes) -> str:

@@ -23,11 +23,11 @@ from typing import Any
 
 from dptune.errors import ConfigError, python_m
 from dptune.ledger._backend import DbCon, LedgerUnavailable
-from dptune.ledger._keys import key_check, read_key, write_key
+from dptune.ledger._keys import key_check, read_key, team_key_path, write_key
 from dptune.ledger._location import LedgerLocation, scrub
 
 __all__ = ["CURATOR_ROLE", "PostgresBackend", "commit_wait", "connect_wait", "failure_kind", "grant_curators",
-           "open_team"]
+           "ledger_id", "open_team"]
 
 CONNECT_WAIT = 10.0  # seconds a connection before a charge waits for a server that does not answer
 COMMIT_WAIT = 120.0  # seconds closing a charge waits (a restart or failover): DPTUNE_LEDGER_WAIT overrides it
@@ -248,13 +248,24 @@ def grant_curators(con: DbCon, role: str = CURATOR_ROLE) -> None:
         raw.execute(sql.SQL(statement).format(r=r))
 
 
+def ledger_id(con: DbCon) -> str | None:
+    """The team ledger's identity: a random id the database holds (``dptune_meta``), written once by its first
+    opener (or ``setup-team``); it travels with ``pg_dump``/``pg_restore``, so a restored ledger is the same one."""
+    return PostgresBackend.meta(con, "ledger_id")
+
+
 def open_team(ledger: Any) -> None:
-    """A team ledger's tables (created by their first opener if this login may), then its key's check value: a new
-    ledger takes its first curator's key (``setup-team`` writes one first)."""
+    """A team ledger's tables (created by their first opener if this login may), its id (``ledger.ledger_id``, and
+    the key file named by it), then its key's check value: a new ledger takes its first curator's key
+    (``setup-team`` writes one first)."""
+    import secrets
+
     backend: PostgresBackend = ledger._backend
     con = backend.connect()
     try:
         if not backend.set_up(con):
+            if ledger.read_only:
+                return  # nothing to read, and a reader creates nothing
             backend.begin(con, exclusive=True)
             try:
                 backend.create(con)
@@ -262,6 +273,12 @@ def open_team(ledger: Any) -> None:
                 con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
+        if ledger_id(con) is None and not ledger.read_only:
+            backend.set_meta(con, "ledger_id", secrets.token_hex(16))  # 128 bits; the first writer's stays
+        ledger.ledger_id = ledger_id(con)
+        ledger.key_path = team_key_path(ledger.location, ledger.ledger_id)
+        if ledger.read_only:
+            return
         if backend.meta(con, "key_check") is None:
             ledger._no_charges_yet(con)
             key = read_key(ledger.key_path) if ledger.key_path.exists() else write_key(ledger.key_path)

@@ -81,10 +81,10 @@ class Ledger:
         self._wait: float | None = None  # how long a connection waits for a server that does not answer
         self._backend: Any = cast(Any, PostgresBackend if self.location.is_postgres else SqliteBackend)(self.location)
         self._key: bytes | None = None
+        self.ledger_id: str | None = None  # a team ledger's identity, from its database (None: a SQLite file)
         if self.location.is_postgres:
             self.key_path = team_key_path(self.location)
-            if not read_only:
-                open_team(self)  # tables (if this login may create them), then the team key's check value
+            open_team(self)  # tables (if this login may create them), its id and key file, the key's check value
             return
         self.key_path = self.location.path.with_name(self.location.path.name + ".key")
         if read_only:
@@ -103,6 +103,13 @@ class Ledger:
                 self._no_charges_yet(con)
                 write_key(self.key_path)
         private_file(self.key_path, create=False)
+
+    def same_ledger(self, recorded: str, recorded_id: str | None) -> bool:
+        """Whether this is the ledger a run recorded: a team ledger by its id (however it was reached), where the
+        run recorded one; else by its shown address."""
+        if self.ledger_id is not None and recorded_id is not None:
+            return self.ledger_id == recorded_id
+        return ledger_location(recorded).same(self.location)
 
     @property
     def path(self) -> Path | LedgerLocation:

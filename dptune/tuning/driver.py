@@ -167,7 +167,8 @@ def _reserve(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
     run.write_state(charge_id=charge_id, fingerprint=p.fingerprint, budget_fingerprint=budget_fps[0],
                     budget_fingerprints=budget_fps,
                     run_spec=p.spec, event_sha256=_event_sha(charge), status="reserved",
-                    ledger=str(ledger.location), reserved_at=charge.created)  # password-free
+                    ledger=str(ledger.location), ledger_id=ledger.ledger_id,
+                    reserved_at=charge.created)  # password-free; a team ledger's id: the same ledger however reached
     draw = make_draw(req.space, p.plan.stopping, seed=req.seed)
     draw.save(run.draw_file)
     return charge, draw
@@ -190,8 +191,10 @@ def _resume(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared,
         raise ConfigError("--resume", f"{run.root} holds no sealed draw", "give the --name of an interrupted search")
     if state.get("status") == "released":
         raise ConfigError("--resume", f"{run.root.name} already finished", f"its release is in {run.release}")
-    if not ledger_location(state["ledger"]).same(ledger.location):
-        raise ConfigError("--ledger", f"the search was charged to {state['ledger']}", "resume with that --ledger")
+    if not ledger.same_ledger(state["ledger"], state.get("ledger_id")):
+        raise ConfigError("--ledger", f"the search was charged to {state['ledger']}"
+                          + (f" (ledger id {state['ledger_id']}), not to ledger id {ledger.ledger_id}"
+                             if state.get("ledger_id") and ledger.ledger_id else ""), "resume with that --ledger")
     if state.get("fingerprint") != p.fingerprint:
         raise ConfigError("--space", "the dataset differs from the one the search was charged for",
                           "resume with the same data")

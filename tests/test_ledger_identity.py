@@ -1,0 +1,95 @@
+"""One identity per team ledger, from the server (issue 64 item 2): the database holds a random id; the key file, a
+resume's and final training's "same ledger" use it, however the ledger is reached (URL spelled with 127.0.0.1 or
+localhost, libpq's PG* variables, a service, the Unix socket); a dump restored elsewhere is the same ledger."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dptune.accounting import trial_event
+from dptune.ledger import Ledger
+
+FP = "fp-identity"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A curator's own config folder: keys under it, named by the ledger's id (no DPTUNE_LEDGER_KEY)."""
+    monkeypatch.delenv("DPTUNE_LEDGER_KEY", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name in ("PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGSERVICE", "PGSERVICEFILE"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "config"
+
+
+def _spellings(pg: Any, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    service = tmp_path / "pg_service.conf"
+    service.write_text(f"[team]\nhost=127.0.0.1\nport={pg.port}\ndbname={db}\nuser=postgres\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(service))
+    with open(os.environ["PGPASSFILE"], "a") as f:  # libpq matches .pgpass by the host as spelled
+        f.write(f"localhost:{pg.port}:*:postgres:{pg.password}\n")
+    return {
+        "localhost": f"postgresql://postgres@localhost:{pg.port}/{db}",
+        "socket": f"postgresql://postgres@/{db}?host={pg.socket_dir}&port={pg.port}",
+        "service": "postgresql:///?service=team",
+    }
+
+
+def test_the_key_and_the_ledger_are_found_however_it_is_reached(pg: Any, pg_url: str, home: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    first = Ledger(pg_url)
+    assert first.ledger_id is not None and re.fullmatch(r"[0-9a-f]{32}", first.ledger_id)
+    assert first.key_path == home / "dptune" / "keys" / f"{first.ledger_id}.key" and first.key_path.exists()
+    first.set_budget(FP, 10.0, 1e-5, n=1000)
+    db = pg_url.rsplit("/", 1)[1]
+    for how, url in _spellings(pg, db, tmp_path, monkeypatch).items():
+        other = Ledger(url)
+        assert other.ledger_id == first.ledger_id and other.key_path == first.key_path, how
+        assert other.key() == first.key(), how  # found, and the database's check value accepts it
+        assert other.same_ledger(str(first.location), first.ledger_id), how
+    # libpq's environment: a bare URL, everything from PG* variables
+    monkeypatch.setenv("PGHOST", "127.0.0.1")
+    monkeypatch.setenv("PGPORT", str(pg.port))
+    monkeypatch.setenv("PGUSER", "postgres")
+    monkeypatch.setenv("PGDATABASE", db)
+    env_ledger = Ledger("postgresql:///")
+    assert env_ledger.ledger_id == first.ledger_id and env_ledger.key() == first.key()
+
+
+def test_another_ledger_is_not_the_same_even_when_spelled_alike(pg: Any, pg_url: str, home: Path) -> None:
+    first = Ledger(pg_url)
+    other_db = pg.new_database()
+    try:
+        second = Ledger(pg.url(other_db))
+        assert second.ledger_id != first.ledger_id and second.key_path != first.key_path
+        assert not second.same_ledger(str(first.location), first.ledger_id)
+    finally:
+        pg.drop_database(other_db)
+
+
+def test_a_restored_dump_is_the_same_ledger(pg: Any, pg_url: str, home: Path, tmp_path: Path) -> None:
+    """pg_dump -Fc, pg_restore into a new database: the same id, so the same key file and "same ledger"."""
+    led = Ledger(pg_url)
+    led.set_budget(FP, 10.0, 1e-5, n=1000)
+    led.reserve(FP, "s1", trial_event(noise_multiplier=1.0, sampling_rate=0.01, steps=100, score_noise=None))
+    dump = tmp_path / "ledger.dump"
+    db = pg_url.rsplit("/", 1)[1]
+    env = {**os.environ, "PGPASSFILE": os.environ["PGPASSFILE"]}
+    bindir = Path(pg.bindir)
+    subprocess.run([str(bindir / "pg_dump"), "-Fc", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+                    "-f", str(dump), db], check=True, env=env, capture_output=True)
+    restored = pg.new_database("restored")
+    try:
+        subprocess.run([str(bindir / "pg_restore"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres",
+                        "-d", restored, str(dump)], check=True, env=env, capture_output=True)
+        back = Ledger(pg.url(restored))
+        assert back.ledger_id == led.ledger_id and back.key_path == led.key_path and back.key() == led.key()
+        assert [c.name for c in back.charges()] == ["s1"]
+    finally:
+        pg.drop_database(restored)
