@@ -3,7 +3,7 @@
 Which keys a section takes is asked of the parser itself (``dptune.config.parse_space`` names the keys it
 accepts when given an unknown one); each key's type and default are its dataclass field's, and its
 description is the ``Attributes:`` entry of that dataclass's docstring (``TrialConfig``, ``DatasetSpec``,
-``PrivacySpec``, ``SearchSpace`` in ``dptune/config/schema.py``; ``PlannerSpec``, ``AlcSpec`` in ``dptune/config/specs.py``).
+``PrivacySpec``, ``SearchSpace`` in ``dptune/config/schema.py``; ``PlannerSpec`` in ``dptune/config/planner.py``, ``AlcSpec`` in ``dptune/config/specs.py``).
 A key without a description, or a description of no field, is an error.
 
     python docs/gen_spaces.py           # rewrite the generated part of docs/spaces.md

@@ -264,7 +264,7 @@ def test_a_refused_derived_search_names_what_refusing_gives_up() -> None:
     ({"kind_gain": {1: 3.0}, "kind_gain_se": {1: 0.01}}, "planner.kind_gain.1"),
 ])
 def test_a_bad_kind_gain_names_its_field(planner: dict[str, Any], field: str) -> None:
-    from dptune.config.specs import PlannerSpec
+    from dptune.config.planner import PlannerSpec
 
     with pytest.raises(ConfigError) as e:
         PlannerSpec(**planner)

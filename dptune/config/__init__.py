@@ -33,6 +33,7 @@ from dptune.config.checks import (
 )
 from dptune.config.distributions import support_extremes, support_values
 from dptune.config.load import load_space, nominal_train_size, official_pool, parse_space
+from dptune.config.planner import PlannerSpec
 from dptune.config.schema import (
     CLIPPING_MODES,
     LATER_FIELDS,
@@ -45,7 +46,6 @@ from dptune.config.schema import (
     coerce_value,
     later_defaults,
 )
-from dptune.config.specs import PlannerSpec
 from dptune.errors import ConfigError
 
 __all__ = ["ACCOUNTING_MODES", "CLIPPING_MODES", "INTERNAL_FIELDS", "LATER_FIELDS", "MODELS", "OPTIMIZERS",

@@ -26,6 +26,7 @@ from dptune.config.checks import (
     check_space,
 )
 from dptune.config.distributions import in_support, parse_distribution
+from dptune.config.planner import PlannerSpec, with_planner_baseline
 from dptune.config.schema import (
     DatasetSpec,
     PrivacySpec,
@@ -33,7 +34,6 @@ from dptune.config.schema import (
     TrialConfig,
     coerce_value,
 )
-from dptune.config.specs import PlannerSpec
 from dptune.errors import ConfigError, check_unit_interval
 
 __all__ = ["load_space", "nominal_train_size", "official_pool", "parse_dataset", "parse_space"]
@@ -126,7 +126,7 @@ def parse_space(raw: Any, source: str | None = None, *, n_train: int | None = No
     planner_raw = _section(raw, "planner", tuple(f.name for f in dataclasses.fields(PlannerSpec)))
     planner = PlannerSpec(**{k: coerce_value(f"planner.{k}", v, PlannerSpec.__dataclass_fields__[k].type)
                              for k, v in planner_raw.items()})
-    planner = specs.with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
+    planner = with_planner_baseline(planner, TrialConfig.__dataclass_fields__, coerce_value)
     space_obj = SearchSpace(name=str(name), dataset=dataset, fixed=fixed, space=space, default=fixed,
                             privacy=privacy, source=source, planner=planner, **_parse_search(raw, privacy),
                             alc=specs.parse_alc(raw.get("alc"), parse_dataset))

@@ -15,7 +15,7 @@ from typing import Any
 import optuna.distributions as od
 
 from dptune.config import clipping, specs, stopping
-from dptune.config.specs import PlannerSpec
+from dptune.config.planner import PlannerSpec
 from dptune.errors import ConfigError, check_positive
 
 __all__ = ["CLIPPING_MODES", "LATER_FIELDS", "MODELS", "OPTIMIZERS", "DatasetSpec", "PrivacySpec", "SearchSpace",

@@ -19,6 +19,7 @@ import getpass
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dptune.errors import ConfigError, python_m
@@ -27,7 +28,7 @@ from dptune.ledger._keys import key_check, read_key, team_key_path, write_key
 from dptune.ledger._location import LedgerLocation, scrub
 
 __all__ = ["CURATOR_ROLE", "PostgresBackend", "commit_wait", "connect_wait", "failure_kind", "grant_curators",
-           "ledger_id", "open_team"]
+           "ledger_id", "open_team", "patiently"]
 
 CONNECT_WAIT = 10.0  # seconds a connection before a charge waits for a server that does not answer
 COMMIT_WAIT = 120.0  # seconds closing a charge waits (a restart or failover): DPTUNE_LEDGER_WAIT overrides it
@@ -48,6 +49,25 @@ def commit_wait() -> float:
 def connect_wait() -> float:
     """How long any other connection waits for a server that does not answer: before a charge, failing fast."""
     return min(CONNECT_WAIT, commit_wait())
+
+
+def patiently(ledger: Any, step: Callable[[], None]) -> None:
+    """``step`` (an idempotent write: closing a charge) for up to :func:`commit_wait` seconds: each connection waits
+    for a server that does not answer, and a connection lost midway is tried again; a refusal is raised at once."""
+    deadline = time.monotonic() + commit_wait()
+    ledger._wait = commit_wait()
+    try:
+        while True:
+            try:
+                step()
+                return
+            except LedgerUnavailable as e:
+                if not e.retry or time.monotonic() >= deadline:
+                    raise
+                ledger._wait = max(0.0, deadline - time.monotonic())
+                time.sleep(0.5)
+    finally:
+        ledger._wait = None
 
 
 def failure_kind(e: BaseException) -> str:

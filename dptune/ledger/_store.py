@@ -36,7 +36,7 @@ from dp_accounting import dp_event as de
 from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budget parameter here
 from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
-from dptune.ledger._backend import DbCon, LedgerUnavailable, event_sha256
+from dptune.ledger._backend import DbCon, event_sha256
 from dptune.ledger._keys import (
     key_check,
     missing_team_key,
@@ -46,7 +46,7 @@ from dptune.ledger._keys import (
     wrong_team_key,
 )
 from dptune.ledger._location import LedgerLocation, default_ledger_path, ledger_location
-from dptune.ledger._postgres import PostgresBackend, commit_wait, open_team
+from dptune.ledger._postgres import PostgresBackend, open_team, patiently
 from dptune.ledger._sqlite import SqliteBackend, private_file
 
 __all__ = ["BudgetExceeded", "Charge", "Ledger", "default_ledger_path", "event_sha256"]
@@ -339,26 +339,10 @@ class Ledger:
             con.execute("UPDATE charges SET status=?, closed=? WHERE (id=? OR group_id=?) AND status='reserved'",
                         (status, time.time(), charge_id, charge_id))
 
-        if not self.location.is_postgres:
+        if self.location.is_postgres:  # a finished search's release survives a server restart or failover
+            patiently(self, lambda: self._transact(body))
+        else:
             self._transact(body)
-            return
-        # a finished search's release must survive a server restart or failover: closing waits for the server
-        # (DPTUNE_LEDGER_WAIT, default 120 s) and tries again after a lost connection (closing is idempotent)
-        wait = commit_wait()
-        deadline = time.monotonic() + wait
-        self._wait = wait
-        try:
-            while True:
-                try:
-                    self._transact(body)
-                    return
-                except LedgerUnavailable as e:
-                    if not e.retry or time.monotonic() >= deadline:
-                        raise
-                    self._wait = max(0.0, deadline - time.monotonic())
-                    time.sleep(0.5)
-        finally:
-            self._wait = None
 
     def commit(self, charge_id: int) -> None:
         self._close(charge_id, "committed")
