@@ -93,3 +93,35 @@ def test_a_restored_dump_is_the_same_ledger(pg: Any, pg_url: str, home: Path, tm
         assert [c.name for c in back.charges()] == ["s1"]
     finally:
         pg.drop_database(restored)
+
+
+FORMS = ["postgresql://alice@/dptune?host=/run/postgresql&port=5432",
+         "postgresql://alice@%2Frun%2Fpostgresql:5432/dptune",
+         "host=/run/postgresql port=5432 dbname=dptune user=alice",
+         "host=db.example port=5433 dbname=dptune user=alice sslmode=verify-full sslrootcert=/etc/ssl/ca.pem",
+         "postgresql:///?service=team", "postgresql:///",
+         "postgresql://alice@h1:5432,h2:5433/dptune?target_session_attrs=read-write",
+         "postgresql://alice@[::1]:5432/dptune", "postgresql://alice@127.0.0.1:5432/my%20ledger?sslmode=require"]
+
+
+@pytest.mark.parametrize("given", FORMS)
+def test_every_shown_form_parses_back_to_the_same_connection(given: str) -> None:
+    """What dptune prints (messages, state.json, the resume and train commands) is a URL libpq reads back as the very
+    parameters given: a socket directory or several hosts in the query, key-value conninfo as a URL (issue 64 item 1:
+    a socket ledger's printed URL used to read back as a database name)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from dptune.ledger import ledger_location
+
+    loc = ledger_location(given)
+    assert loc.is_postgres and loc.shown.startswith("postgresql://")
+    assert conninfo_to_dict(loc.shown) == conninfo_to_dict(given)
+    assert ledger_location(loc.shown).shown == loc.shown
+
+
+def test_a_socket_ledgers_printed_url_reaches_it(pg: Any, pg_url: str, home: Path) -> None:
+    db = pg_url.rsplit("/", 1)[1]
+    first = Ledger(f"postgresql://postgres@/{db}?host={pg.socket_dir}&port={pg.port}")
+    again = Ledger(str(first.location))  # the form the resume and train commands print
+    assert again.ledger_id == first.ledger_id is not None and again.key() == first.key()
+    assert str(pg.socket_dir) in str(first.location) and f"/{db}?" in str(first.location)

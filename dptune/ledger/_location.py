@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-__all__ = ["LedgerLocation", "default_ledger_path", "ledger_location", "scrub"]
+__all__ = ["LedgerLocation", "canonical_url", "default_ledger_path", "ledger_location", "scrub"]
 
 _SCHEMES = ("postgresql://", "postgres://")
 _SECRET_KEYS = {"password", "passfile", "sslpassword"}
@@ -31,8 +31,14 @@ def default_ledger_path() -> Path:
     return base / "dptune" / "ledger.sqlite"
 
 
+# libpq's key-value form ("host=db port=5432 dbname=dptune"): a string starting with one of its keywords and "="
+_CONNINFO = re.compile(r"^\s*(host|hostaddr|port|dbname|user|service|sslmode|sslrootcert|target_session_attrs|passfile|"
+                       r"connect_timeout|application_name|options)\s*=", re.I)
+
+
 def is_url(given: object) -> bool:
-    return isinstance(given, str) and given.lower().startswith(_SCHEMES)
+    """Whether ``given`` names a PostgreSQL ledger: a ``postgresql://`` URL or libpq's key-value conninfo."""
+    return isinstance(given, str) and (given.lower().startswith(_SCHEMES) or bool(_CONNINFO.match(given)))
 
 
 @dataclass(frozen=True)
@@ -107,15 +113,21 @@ def _postgres(url: str, field: str = "--ledger") -> LedgerLocation:
                           "or passfile= names), a service in ~/.pg_service.conf (postgresql:///?service=NAME or "
                           "PGSERVICE), or PGPASSWORD in the environment") from None
     kept = tuple(sorted((k, v) for k, v in parts.items() if k not in _SECRET_KEYS))
-    p = dict(kept)
+    return LedgerLocation("postgresql", canonical_url(dict(kept)), url, kept)
+
+
+def canonical_url(p: dict[str, str]) -> str:
+    """The URL form of libpq parameters ``p`` (no secrets) that parses back to exactly ``p``: a socket directory or
+    several hosts go in the query (``postgresql://alice@/dptune?host=/run/postgresql&port=5432``), not where a URL's
+    host goes (``alice@/run/postgresql:5432/dptune`` reads as a database name). Tested form by form."""
     user = f"{quote(p['user'], safe='')}@" if p.get("user") else ""
-    host = p.get("host", "")
-    host = f"[{host}]" if ":" in host else quote(host, safe="/")
-    port = f":{p['port']}" if p.get("port") else ""
+    host, port = p.get("host", ""), p.get("port", "")
+    in_query = {"host", "port"} if ("/" in host or "," in host or "," in port) else set()
+    netloc = "" if in_query else (f"[{host}]" if ":" in host else quote(host, safe="")) + (f":{port}" if port else "")
     db = quote(p.get("dbname", ""), safe="")
-    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in kept if k not in ("user", "host", "port", "dbname"))
-    shown = f"postgresql://{user}{host}{port}/{db}" + (f"?{query}" if query else "")
-    return LedgerLocation("postgresql", shown, url, kept)
+    query = "&".join(f"{k}={quote(v, safe='/,')}" for k, v in sorted(p.items())
+                     if k not in ("user", "dbname") and (k in in_query or k not in ("host", "port")) and v != "")
+    return f"postgresql://{user}{netloc}/{db}" + (f"?{query}" if query else "")
 
 
 def scrub(text: str, target: str) -> str:
