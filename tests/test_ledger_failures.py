@@ -134,3 +134,37 @@ def test_the_cli_says_which_failure_and_that_nothing_was_charged(pg: Any, pg_url
     assert f"refused the login {user!r}" in r.stderr and "nothing was charged" in r.stderr, r.stderr
     assert "loading the data" in r.stdout and not (tmp_path / "runs").exists()
     assert time.monotonic() - t0 < 30  # the interpreter's imports, then one refused attempt: no data was read
+
+
+def test_ledger_check_answers_each_question_in_about_a_second(pg: Any, pg_url: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dptune ledger check` (issue 64 item 5): reachable, login, role, ledger id, this machine's key, writable; each
+    a line, exit 2 if any fails, about a second (in-process here: the command's imports aside)."""
+    from dptune.cli.ledger import main
+    from dptune.ledger import check
+
+    owner = Ledger(pg_url)
+    t0 = time.monotonic()
+    found = {f.name: f for f in check(pg_url)}
+    assert time.monotonic() - t0 < 1.5
+    assert all(f.ok for f in found.values()) and owner.ledger_id in found["ledger"].said, found
+    assert set(found) == {"reachable", "login", "role", "ledger", "key", "writable"}
+    # a curator's login on a machine without the key, and one whose transactions are read-only
+    assert main(["setup-team", "--ledger", pg_url]) == 0  # the curator role and its grants
+    user = f"fay_{secrets.token_hex(3)}"
+    _login(pg, user)
+    monkeypatch.setenv("DPTUNE_LEDGER_KEY", str(tmp_path / "none.key"))
+    found = {f.name: f for f in check(_user_url(pg, pg_url, user))}
+    assert not found["role"].ok and f"GRANT dptune_curator TO {user}" in found["role"].said
+    assert "key" not in found  # a login outside the role reads nothing more
+    pg.sql(f"GRANT dptune_curator TO {user}")
+    found = {f.name: f for f in check(_user_url(pg, pg_url, user))}
+    assert found["role"].ok and not found["key"].ok and "has no key" in found["key"].said, found
+    pg.sql(f"ALTER ROLE {user} SET default_transaction_read_only = on")
+    assert not {f.name: f for f in check(_user_url(pg, pg_url, user))}["writable"].ok
+    assert main(["check", "--ledger", _user_url(pg, pg_url, user)]) == 2
+    monkeypatch.setenv("DPTUNE_LEDGER_KEY", str(owner.key_path))
+    assert main(["check", "--ledger", pg_url]) == 0
+    t0 = time.monotonic()
+    [down] = check(f"postgresql://alice@127.0.0.1:{free_port()}/dptune")
+    assert down.name == "reachable" and not down.ok and "cannot reach" in down.said and time.monotonic() - t0 < 2

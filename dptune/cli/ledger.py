@@ -1,4 +1,7 @@
-"""``python -m dptune.cli.ledger {show,set-budget,new-budget,adopt}``: budgets and charges of a ledger (curator only).
+"""``python -m dptune.cli.ledger {check,show,set-budget,new-budget,adopt}``: budgets and charges of a ledger (curator only).
+
+``check`` answers in about a second whether this machine and login can charge the ledger: the server reachable, the
+login, its role, the ledger's id, this machine's key, writable (not a standby, not read-only); exit 2 if any fails.
 
 ``new-budget --space S`` is the one explicit way to open a budget for data that partly overlaps a budgeted
 dataset, or shares a budget's record ids but not its content: it reads the space's dataset, lists every existing
@@ -28,6 +31,7 @@ from dptune.ledger import (
     adopt_records,
     budget_key,
     budget_match,
+    check,
     grant_curators,
     ledger_location,
     migrate,
@@ -39,6 +43,10 @@ from dptune.ledger import (
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dptune.cli.ledger", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    ck = sub.add_parser("check", help="can this machine and login charge the ledger? (reachable, login, role, key, "
+                                      "writable; about a second; exit 2 if not)")
+    ck.add_argument("--ledger", help="a file or postgresql:// URL (default: the ledger searches use)")
+    ck.add_argument("--json", action="store_true")
     show = sub.add_parser("show", help="budgets and charges")
     show.add_argument("--ledger", help="a file or postgresql:// URL (default: the ledger searches use)")
     show.add_argument("--json", action="store_true")
@@ -204,7 +212,20 @@ def _adopt(args: argparse.Namespace, path: LedgerLocation) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    findings = check(args.ledger)
+    if args.json:
+        print(json.dumps([{"check": f.name, "ok": f.ok, "found": f.said} for f in findings], indent=2))
+    else:
+        print(f"ledger: {ledger_location(args.ledger)}")
+        for f in findings:
+            print(f"  {'ok  ' if f.ok else 'FAIL'}  {f.name}: {f.said}")
+    return 0 if all(f.ok for f in findings) else 2
+
+
 def _main(args: argparse.Namespace) -> int:
+    if args.command == "check":
+        return _check(args)
     if args.command == "setup-team":
         return _setup_team(args)
     if args.command == "migrate":

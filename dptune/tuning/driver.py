@@ -28,8 +28,9 @@ from dptune.config import (
     later_defaults,
     stopping,
 )
-from dptune.errors import ConfigError, check_delta
+from dptune.errors import ConfigError, check_delta, python_m
 from dptune.ledger import Charge, Ledger, LedgerLocation, LedgerUnavailable, ledger_location
+from dptune.ledger import check as check_ledger
 from dptune.release import (
     day_of,
     public_auto,
@@ -150,6 +151,11 @@ def _preflight(location: str | Path | LedgerLocation) -> Ledger:
         ledger = Ledger(location)
         if ledger.location.is_postgres:
             ledger.key()  # the key file this machine must hold, checked against the database's check value
+            failed = [f for f in check_ledger(ledger.location) if not f.ok]  # its role, writable (not a standby)
+            if failed:
+                raise LedgerUnavailable("--ledger", f"{failed[0].name}: {failed[0].said}",
+                                        f"`{python_m('dptune.cli.ledger')} check --ledger {ledger.location}` lists "
+                                        "every check")
     except LedgerUnavailable as e:
         raise LedgerUnavailable(e.field, f"{e.problem}; nothing was charged and nothing ran", e.fix,
                                 retry=e.retry) from None
