@@ -168,3 +168,35 @@ def test_ledger_check_answers_each_question_in_about_a_second(pg: Any, pg_url: s
     t0 = time.monotonic()
     [down] = check(f"postgresql://alice@127.0.0.1:{free_port()}/dptune")
     assert down.name == "reachable" and not down.ok and "cannot reach" in down.said and time.monotonic() - t0 < 2
+
+
+def test_setup_team_without_createrole_names_what_to_grant_and_creates_nothing(
+        pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A delegated owner (owns the database, no CREATEROLE): setup-team checks every privilege first and stops
+    before any table or key exists, naming the statement to run (issue 64: it ended in a traceback half set up)."""
+    from dptune.cli.ledger import main
+
+    owner = f"gus_{secrets.token_hex(3)}"
+    _login(pg, owner)
+    db = pg.new_database()
+    try:
+        pg.sql(f'ALTER DATABASE "{db}" OWNER TO {owner}')
+        pg.sql(f"GRANT CREATE ON SCHEMA public TO {owner}", dbname=db)
+        pg.sql("DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'dptune_team_x') THEN "
+               "DROP ROLE dptune_team_x; END IF; END $$")
+        monkeypatch.setenv("DPTUNE_LEDGER_KEY", str(tmp_path / "k.key"))
+        url = f"postgresql://{owner}@127.0.0.1:{pg.port}/{db}"
+        assert main(["setup-team", "--ledger", url, "--role", "dptune_team_x"]) == 2
+        err = capsys.readouterr().err
+        assert "nothing was created" in err and "CREATE ROLE dptune_team_x NOLOGIN" in err and "CREATEROLE" in err, err
+        assert not (tmp_path / "k.key").exists()
+        import psycopg
+
+        with psycopg.connect(pg.url(db), autocommit=True) as con:
+            assert con.execute("SELECT to_regclass('charges')").fetchone() == (None,)
+        pg.sql(f"ALTER ROLE {owner} CREATEROLE")
+        assert main(["setup-team", "--ledger", url, "--role", "dptune_team_x"]) == 0
+        assert (tmp_path / "k.key").exists()
+    finally:
+        pg.drop_database(db)
+        pg.sql("DROP ROLE IF EXISTS dptune_team_x")

@@ -111,6 +111,16 @@ def _setup_team(args: argparse.Namespace) -> int:
     where = ledger_location(args.ledger)
     if not where.is_postgres:
         raise ConfigError("--ledger", f"{where} is not a postgresql:// URL", "give the team database's URL")
+    from dptune.ledger._postgres import PostgresBackend, missing_for_setup
+
+    con = PostgresBackend(where).connect()
+    try:  # every privilege first: a refusal halfway would leave tables and a key without the role
+        missing = missing_for_setup(con, args.role)
+    finally:
+        con.close()
+    if missing:
+        raise ConfigError("--ledger", f"this login may not set the team ledger {where} up: nothing was created",
+                          "ask the database's administrator to run: " + " ".join(missing))
     ledger = Ledger(where)  # tables, trigger, and the team key (written here unless DPTUNE_LEDGER_KEY names one)
     ledger.key()
     con = ledger._connect()

@@ -28,7 +28,7 @@ from dptune.ledger._keys import key_check, read_key, team_key_path, write_key
 from dptune.ledger._location import LedgerLocation, scrub
 
 __all__ = ["CURATOR_ROLE", "PostgresBackend", "commit_wait", "connect_wait", "failure_kind", "grant_curators",
-           "ledger_id", "open_team", "patiently"]
+           "ledger_id", "missing_for_setup", "open_team", "patiently"]
 
 CONNECT_WAIT = 10.0  # seconds a connection before a charge waits for a server that does not answer
 COMMIT_WAIT = 120.0  # seconds closing a charge waits (a restart or failover): DPTUNE_LEDGER_WAIT overrides it
@@ -245,6 +245,24 @@ class PostgresBackend:
     @staticmethod
     def set_meta(con: DbCon, name: str, value: str) -> None:
         con.execute("INSERT INTO dptune_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING", (name, value))
+
+
+def missing_for_setup(con: DbCon, role: str = CURATOR_ROLE) -> list[str]:
+    """What this login lacks to set a team ledger up (tables in the current schema, the curator role, its grants),
+    as the statements an administrator would run; checked before anything is created (``setup-team``)."""
+    (login, schema, can_create, super_, createrole, role_exists, tables_owner) = con.execute(
+        "SELECT session_user, current_schema(), has_schema_privilege(current_schema(), 'CREATE'), "
+        "r.rolsuper, r.rolcreaterole, EXISTS (SELECT 1 FROM pg_roles WHERE rolname = ?), "
+        "(SELECT tableowner FROM pg_tables WHERE tablename = 'charges' AND schemaname = current_schema()) "
+        "FROM pg_roles r WHERE r.rolname = session_user", (role,)).fetchone()
+    missing = []
+    if tables_owner is None and not can_create:
+        missing.append(f"GRANT CREATE ON SCHEMA {schema} TO {login};")
+    if tables_owner is not None and tables_owner != login and not super_:
+        missing.append(f"run setup-team as {tables_owner}, the owner of the ledger's tables")
+    if not role_exists and not (super_ or createrole):
+        missing.append(f"CREATE ROLE {role} NOLOGIN;  (or ALTER ROLE {login} CREATEROLE;)")
+    return missing
 
 
 def grant_curators(con: DbCon, role: str = CURATOR_ROLE) -> None:
