@@ -199,3 +199,47 @@ def test_the_dashboard_url_said_before_ray_starts_follows_rays_port_rule(monkeyp
         url = expected_dashboard_url(RayOptions())
         assert url.startswith("http://127.0.0.1:") and int(url.rsplit(":", 1)[1]) > port, url
     assert expected_dashboard_url(RayOptions(dashboard_port=port)) == f"http://127.0.0.1:{port}"
+
+
+_SECRET_SESSION = """
+import os, sys
+from dptune.tuning.options import RayOptions
+from dptune.tuning.raysession import RaySession
+import ray
+s = RaySession(RayOptions(num_cpus=1, dashboard_port=int(sys.argv[1])))
+s.__enter__()
+
+@ray.remote
+def trial():
+    return os.getpid(), "PGPASSWORD" in os.environ
+
+print(os.getpid(), *ray.get(trial.remote()), "PGPASSWORD" in os.environ, flush=True)
+sys.stdin.readline()
+s.__exit__()
+"""
+
+
+@pytest.mark.ray
+def test_no_ray_process_holds_the_ledger_password(isolated_env: dict[str, str]) -> None:
+    """Issue 59 item 5: PGPASSWORD (how a curator gives libpq the team ledger's password) stays in the driver, which
+    needs it to charge and close; Ray's processes (GCS, raylet, dashboard, agents) and every trial worker start
+    without it. Measured from /proc/<pid>/environ of every live process, and from inside a worker."""
+    secret = "pw-" + os.urandom(8).hex()
+    env = {**isolated_env, "PYTHONPATH": str(ROOT), "PGPASSWORD": secret}
+    proc = subprocess.Popen([sys.executable, "-c", _SECRET_SESSION, str(free_port())], cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        driver, worker, worker_has, driver_has = proc.stdout.readline().split()  # type: ignore[union-attr]
+        assert (worker_has, driver_has) == ("False", "True")  # the driver keeps it for the ledger
+        holders = []
+        for entry in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                if secret.encode() in (entry / "environ").read_bytes():
+                    holders.append((entry.name, (entry / "cmdline").read_bytes().replace(b"\0", b" ")[:80]))
+        assert [pid for pid, _ in holders] == [driver], holders
+        assert int(worker) != int(driver)
+    finally:
+        proc.communicate("\n", timeout=120)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0

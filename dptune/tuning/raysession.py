@@ -11,6 +11,7 @@ watcher, at once), and the processes that still use it (Ray's agents outlive a k
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +282,21 @@ def expected_dashboard_url(opts: RayOptions) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+
+# libpq's secrets in the environment: the ledger needs them in the driver only. Ray's processes (GCS, raylet, the
+# dashboard and its agents, every trial worker) take the environment ray.init runs in: without these, none holds one.
+_LEDGER_SECRETS = ("PGPASSWORD", "PGSSLPASSWORD")
+
+
+@contextlib.contextmanager
+def _without_ledger_secrets() -> Iterator[None]:
+    """While Ray starts, the environment without the ledger's password (put back for the driver afterwards)."""
+    saved = {k: os.environ.pop(k) for k in _LEDGER_SECRETS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
 class RaySession:
     """``with RaySession(opts) as dashboard_url:`` a local Ray (or the cluster at ``opts.address``)."""
 
@@ -307,9 +324,24 @@ class RaySession:
         job_config = ray.job_config.JobConfig(metadata=opts.job_metadata, runtime_env=runtime_env)
         check_token_file(create=not opts.address)
         _token_mode()
+        with _without_ledger_secrets():
+            ctx = self._init(opts, job_config)
+        for name in ("ray.tune", "ray.train", "ray.air"):  # their warnings can count trials
+            logging.getLogger(name).setLevel(logging.ERROR)
+        check_token_file(create=False)  # whatever Ray wrote must be owner-only too
+        url = getattr(ctx, "dashboard_url", None)
+        if url and not str(url).startswith("http"):
+            url = "http://" + str(url)
+        self.dashboard = url
+        self.auth = verify_token_auth(url if not opts.address else None)
+        self.exposed = [] if opts.address else listening_beyond_loopback()
+        return url
+
+    def _init(self, opts: RayOptions, job_config: Any) -> Any:
+        assert self.parent is not None
         if opts.address:
-            ctx = ray.init(address=opts.address, log_to_driver=False, job_config=job_config,
-                           configure_logging=True, logging_level=logging.WARNING)
+            return ray.init(address=opts.address, log_to_driver=False, job_config=job_config,
+                            configure_logging=True, logging_level=logging.WARNING)
         else:
             kwargs: dict[str, Any] = {}
             if opts.dashboard_port is not None:
@@ -328,16 +360,7 @@ class RaySession:
             ctx = ray.init(address="local", num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=True,
                            dashboard_host=opts.dashboard_host, log_to_driver=False, job_config=job_config,
                            logging_level=logging.WARNING, _temp_dir=self.temp_dir, **kwargs)
-        for name in ("ray.tune", "ray.train", "ray.air"):  # their warnings can count trials
-            logging.getLogger(name).setLevel(logging.ERROR)
-        check_token_file(create=False)  # whatever Ray wrote must be owner-only too
-        url = getattr(ctx, "dashboard_url", None)
-        if url and not str(url).startswith("http"):
-            url = "http://" + str(url)
-        self.dashboard = url
-        self.auth = verify_token_auth(url if not opts.address else None)
-        self.exposed = [] if opts.address else listening_beyond_loopback()
-        return url
+        return ctx
 
     def __exit__(self, *exc: object) -> None:
         if ray.is_initialized():
