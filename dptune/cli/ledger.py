@@ -1,4 +1,4 @@
-"""``python -m dptune.cli.ledger {check,show,set-budget,new-budget,adopt}``: budgets and charges of a ledger (curator only).
+"""``python -m dptune.cli.ledger {check,history,show,set-budget,new-budget,adopt,upgrade}``: budgets and charges of a ledger (curator only).
 
 ``check`` answers in about a second whether this machine and login can charge the ledger: the server reachable, the
 login, its role, the ledger's id, this machine's key, writable (not a standby, not read-only); exit 2 if any fails.
@@ -33,10 +33,13 @@ from dptune.ledger import (
     budget_match,
     check,
     grant_curators,
+    history,
     ledger_location,
     migrate,
     open_budget,
     same_records_keys,
+    setup_missing,
+    upgrade_schema,
 )
 
 
@@ -47,6 +50,15 @@ def _parser() -> argparse.ArgumentParser:
                                       "writable; about a second; exit 2 if not)")
     ck.add_argument("--ledger", help="a file or postgresql:// URL (default: the ledger searches use)")
     ck.add_argument("--json", action="store_true")
+    hi = sub.add_parser("history", help="every charge: when (UTC), who (the database login), what, where it stands")
+    hi.add_argument("--ledger", help="a file or postgresql:// URL (default: the ledger searches use)")
+    hi.add_argument("--dataset-id", help="only this budget's charges (its id, as `show` prints it)")
+    hi.add_argument("--since", help="only charges made since (an ISO date or time, UTC: 2026-12-01T09:30)")
+    hi.add_argument("--login", help="only charges this database login made")
+    hi.add_argument("--json", action="store_true")
+    up = sub.add_parser("upgrade", help="bring a team ledger's schema to this release's (as its owner; migrations "
+                                        "in one transaction)")
+    up.add_argument("--ledger", required=True, help="the team ledger's postgresql:// URL")
     show = sub.add_parser("show", help="budgets and charges")
     show.add_argument("--ledger", help="a file or postgresql:// URL (default: the ledger searches use)")
     show.add_argument("--json", action="store_true")
@@ -111,13 +123,7 @@ def _setup_team(args: argparse.Namespace) -> int:
     where = ledger_location(args.ledger)
     if not where.is_postgres:
         raise ConfigError("--ledger", f"{where} is not a postgresql:// URL", "give the team database's URL")
-    from dptune.ledger._postgres import PostgresBackend, missing_for_setup
-
-    con = PostgresBackend(where).connect()
-    try:  # every privilege first: a refusal halfway would leave tables and a key without the role
-        missing = missing_for_setup(con, args.role)
-    finally:
-        con.close()
+    missing = setup_missing(where, args.role)  # every privilege first: a refusal halfway would leave tables and a key
     if missing:
         raise ConfigError("--ledger", f"this login may not set the team ledger {where} up: nothing was created",
                           "ask the database's administrator to run: " + " ".join(missing))
@@ -233,9 +239,38 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if all(f.ok for f in findings) else 2
 
 
+def _history(args: argparse.Namespace) -> int:
+    path = ledger_location(args.ledger)
+    if not path.is_postgres and not path.path.is_file():
+        raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
+    rows = history(_reader(path), dataset_id=args.dataset_id, since=args.since, login=args.login)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"ledger: {path}", file=sys.stderr)
+    for r in rows:
+        print(f"#{r['id']:<4} {r['created']}  {r['status']:<9} {r['login'] or '(before schema 2)':<16} "
+              f"ε = {r['epsilon']:.4g}  {r['name']}  budget {r['budget'] or '-'}"
+              + (f"  closed {r['closed']}" if r["closed"] else ""))
+    return 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    where = ledger_location(args.ledger)
+    if not where.is_postgres:
+        raise ConfigError("--ledger", f"{where} is not a team ledger", "a file ledger upgrades itself when opened")
+    before, after = upgrade_schema(_team_ledger(where))
+    print(f"ledger: {where}: schema {before} -> {after}" + (" (already current)" if before == after else ""))
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.command == "check":
         return _check(args)
+    if args.command == "history":
+        return _history(args)
+    if args.command == "upgrade":
+        return _upgrade(args)
     if args.command == "setup-team":
         return _setup_team(args)
     if args.command == "migrate":

@@ -1,7 +1,7 @@
 """Privacy ledger: per-dataset budgets and every charge (see :mod:`dptune.ledger._store`); which budgets a
 dataset falls under, by its records' content and, within a dataset, their ids (:mod:`dptune.ledger._budgets`).
 
-CLI: ``python -m dptune.cli.ledger {check,show,set-budget,new-budget,adopt,setup-team,migrate} [--ledger FILE|URL]``.
+CLI: ``python -m dptune.cli.ledger {check,history,upgrade,show,set-budget,new-budget,adopt,setup-team,migrate} [--ledger FILE|URL]``.
 """
 
 from dptune.ledger._backend import LedgerUnavailable
@@ -15,11 +15,13 @@ from dptune.ledger._budgets import (
     same_records_keys,
 )
 from dptune.ledger._check import Finding, check
+from dptune.ledger._history import history
 from dptune.ledger._location import LedgerLocation, is_url, ledger_location
 from dptune.ledger._migrate import migrate
-from dptune.ledger._postgres import grant_curators
+from dptune.ledger._postgres import grant_curators, setup_missing
+from dptune.ledger._postgres import upgrade as upgrade_schema
 from dptune.ledger._store import BudgetExceeded, Charge, Ledger, default_ledger_path, event_sha256
 
 __all__ = ["BudgetExceeded", "BudgetMatch", "Charge", "Finding", "Ledger", "LedgerLocation", "LedgerUnavailable",
            "adopt_identity", "adopt_records", "budget_key", "budget_match", "check", "default_ledger_path", "event_sha256",
-           "grant_curators", "is_url", "ledger_location", "migrate", "open_budget", "same_records_keys"]
+           "grant_curators", "history", "is_url", "ledger_location", "migrate", "open_budget", "same_records_keys", "setup_missing", "upgrade_schema"]

@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY AUTOINCREMENT, finger
 # columns added after the first release of the schema (older ledgers are upgraded in place)
 ADDED = {"budgets": (("dataset_id", "TEXT"), ("digests", "BLOB"), ("records", "INTEGER"), ("ids", "BLOB"),
                      ("content", "BLOB")),
-         "charges": (("token", "TEXT"), ("event_sha256", "TEXT"), ("group_id", "INTEGER"))}
+         "charges": (("token", "TEXT"), ("event_sha256", "TEXT"), ("group_id", "INTEGER"), ("login", "TEXT"))}
 
 
 def private_file(path: Path, create: bool) -> None:

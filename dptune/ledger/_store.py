@@ -19,6 +19,7 @@ per budget on PostgreSQL): concurrent reservations can neither be lost nor overs
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import hmac
 import json
@@ -321,10 +322,13 @@ class Ledger:
                 f"noise) or raise the budget with `{python_m('dptune.cli.ledger')} set-budget`",
             )
         eps_alone = composed_epsilon([event], budget_delta)
+        # who: a team ledger's database writes the login itself (a trigger); a file ledger, this machine's user
+        login = "" if self.location.is_postgres else ", login"
         return con.insert_id(
-            "INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256, "
-            "group_id) VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?, ?)",
-            (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event), group))
+            f"INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256, "
+            f"group_id{login}) VALUES (?, ?, ?, ?, 'reserved', ?, ?, ?, ?{', ?' if login else ''})",
+            (fingerprint, name, text, eps_alone, time.time(), secrets.token_hex(16), event_sha256(event), group,
+             *(() if self.location.is_postgres else (getpass.getuser(),))))
 
     def _close(self, charge_id: int, status: str) -> None:
         def body(con: DbCon) -> None:
