@@ -60,6 +60,11 @@ def test_the_key_and_the_ledger_are_found_however_it_is_reached(pg: Any, pg_url:
     monkeypatch.setenv("PGDATABASE", db)
     env_ledger = Ledger("postgresql:///")
     assert env_ledger.ledger_id == first.ledger_id and env_ledger.key() == first.key()
+    # shown as the server libpq reached (not postgresql:///), a form that parses back to it
+    assert str(env_ledger.location) == f"postgresql://postgres@127.0.0.1:{pg.port}/{db}"
+    for name in ("PGHOST", "PGPORT", "PGUSER", "PGDATABASE"):
+        monkeypatch.delenv(name)
+    assert Ledger(str(env_ledger.location)).ledger_id == first.ledger_id
 
 
 def test_another_ledger_is_not_the_same_even_when_spelled_alike(pg: Any, pg_url: str, home: Path) -> None:
@@ -125,3 +130,25 @@ def test_a_socket_ledgers_printed_url_reaches_it(pg: Any, pg_url: str, home: Pat
     again = Ledger(str(first.location))  # the form the resume and train commands print
     assert again.ledger_id == first.ledger_id is not None and again.key() == first.key()
     assert str(pg.socket_dir) in str(first.location) and f"/{db}?" in str(first.location)
+
+
+def test_a_certificate_names_its_ledger_by_id(pg: Any, pg_url: str, home: Path) -> None:
+    """The binding (under the MAC) carries the team ledger's id: verified against another ledger — even one holding
+    the same key, as a copy made with another id would — it is refused by name, before any other check."""
+    from dptune.certificate import Certificate, CertificateError, verify_binding
+
+    led = Ledger(pg_url)
+    led.set_budget(FP, 10.0, 1e-5, n=1000)
+    event = trial_event(noise_multiplier=1.0, sampling_rate=0.01, steps=100, score_noise=None)
+    cid = led.reserve(FP, "s1", event)
+    cert = Certificate.build(led.dataset_id(FP), 1e-5, [("search", event)], {"rule": "none"}).bind(
+        led, [led.charge(cid).token])
+    assert cert.binding["ledger"] == led.ledger_id
+    assert [c.id for c in verify_binding(cert, led)] == [cid]
+    other_db = pg.new_database()
+    try:
+        other = Ledger(pg.url(other_db))
+        with pytest.raises(CertificateError, match=f"charged to the ledger {led.ledger_id}"):
+            verify_binding(cert, other)
+    finally:
+        pg.drop_database(other_db)

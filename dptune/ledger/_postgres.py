@@ -25,7 +25,7 @@ from typing import Any
 from dptune.errors import ConfigError, python_m
 from dptune.ledger._backend import DbCon, LedgerUnavailable
 from dptune.ledger._keys import key_check, read_key, team_key_path, write_key
-from dptune.ledger._location import LedgerLocation, scrub
+from dptune.ledger._location import LedgerLocation, canonical_url, scrub
 
 __all__ = ["CURATOR_ROLE", "PostgresBackend", "commit_wait", "connect_wait", "failure_kind", "grant_curators",
            "ledger_id", "missing_for_setup", "open_team", "patiently", "schema_version", "setup_missing", "upgrade"]
@@ -307,6 +307,19 @@ def grant_curators(con: DbCon, role: str = CURATOR_ROLE) -> None:
         raw.execute(sql.SQL(statement).format(r=r))
 
 
+def resolved(location: LedgerLocation, con: DbCon) -> LedgerLocation:
+    """``location`` as shown once libpq has applied its defaults (``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGDATABASE``,
+    the socket directory, the login name): the server it reached, not ``postgresql:///``. A service stays a service
+    (it may carry sslmode and more); what connects stays what was given."""
+    given = dict(location.params)
+    if "service" in given or all(given.get(k) for k in ("host", "port", "user", "dbname")):
+        return location
+    info = con.raw.info
+    found = {"host": str(info.host), "port": str(info.port), "user": str(info.user), "dbname": str(info.dbname)}
+    params = {**{k: v for k, v in found.items() if v}, **{k: v for k, v in given.items() if v}}
+    return LedgerLocation("postgresql", canonical_url(params), location.target, tuple(sorted(params.items())))
+
+
 def schema_version(con: DbCon) -> int:
     """The ledger's schema version (1: written before the version row existed)."""
     value = PostgresBackend.meta(con, "schema_version")
@@ -361,6 +374,7 @@ def open_team(ledger: Any) -> None:
             backend.set_meta(con, "ledger_id", secrets.token_hex(16))  # 128 bits; the first writer's stays
         ledger.ledger_id = ledger_id(con)
         ledger.key_path = team_key_path(ledger.location, ledger.ledger_id)
+        ledger.location = backend.location = resolved(ledger.location, con)
         if ledger.read_only:
             return
         if backend.meta(con, "key_check") is None:
