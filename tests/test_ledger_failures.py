@@ -200,3 +200,13 @@ def test_setup_team_without_createrole_names_what_to_grant_and_creates_nothing(
     finally:
         pg.drop_database(db)
         pg.sql("DROP ROLE IF EXISTS dptune_team_x")
+
+
+def test_an_over_budget_refusal_on_a_team_ledger_does_not_tell_a_curator_to_raise_it(pg: Any, pg_url: str) -> None:
+    from dptune.ledger import BudgetExceeded
+
+    led = Ledger(pg_url)
+    led.set_budget(FP, 0.01, 1e-5, n=1000)
+    with pytest.raises(BudgetExceeded) as e:
+        led.reserve(FP, "s", _event())
+    assert "owner's to raise" in e.value.fix and "set-budget" not in e.value.fix, e.value

@@ -18,7 +18,7 @@ COMMANDS = {
     "plan": "what a search costs and whether it is expected to pay, before anything touches data",
     "train": "final DP training of a released config, composed with its search's charge",
     "report": "a curator-only HTML report of one search",
-    "ledger": "budgets and charges of a privacy ledger (show, set-budget, new-budget, adopt)",
+    "ledger": "budgets and charges of a privacy ledger (check, history, show, set-budget, new-budget, adopt, upgrade)",
 }
 
 

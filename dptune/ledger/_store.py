@@ -319,7 +319,9 @@ class Ledger:
                 f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
                 f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
                 "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
-                f"noise) or raise the budget with `{python_m('dptune.cli.ledger')} set-budget`",
+                + ("noise); a team's budget is its owner's to raise, if the team decides to"
+                   if self.location.is_postgres else
+                   f"noise) or raise the budget with `{python_m('dptune.cli.ledger')} set-budget`"),
             )
         eps_alone = composed_epsilon([event], budget_delta)
         # who: a team ledger's database writes the login itself (a trigger); a file ledger, this machine's user
