@@ -218,7 +218,7 @@ def test_the_verdict_is_the_measured_gain_of_its_kind(data: dict[str, Any], mode
     from dptune.accounting import advise_transfer
     from dptune.config.auto import KIND_GAIN
 
-    for eps in (0.5, 1.0, 1.5, 2.0, 4.0, 8.0):
+    for eps in (1.0, 1.5, 4.0, 8.0) if model != "mlp" else (2.0,):  # measured, between, above
         space = parse_space({"dataset": data, "privacy": {"target_epsilon": eps}, "space": "auto"}, n_train=n_train)
         assert space.auto is not None
         a = advise_transfer(space, space.auto["facts"]["n_train"])

@@ -88,6 +88,7 @@ def test_a_read_only_login_is_told_to_use_the_primary(pg: Any, pg_url: str) -> N
     assert Ledger(pg_url).charges() == []
 
 
+@pytest.mark.db  # waits ~10 s on a port nothing answers, as a team-ledger test: not a unit test (make test-fast)
 def test_no_server_is_retried_only_briefly_before_a_charge() -> None:
     port = free_port()  # nothing listens there
     t0 = time.monotonic()

@@ -54,6 +54,12 @@ def pld_module() -> types.ModuleType:
                 else:
                     sys.modules[name] = module
     strict.make_strict(*_STRICT_MODULES)
+    for name in ("dp_accounting.pld.pld_pmf", "dp_accounting.pld.common"):
+        # its convolutions are dptune's (FMA-free products) even when another import loaded it with scipy.signal:
+        # which module imported dp_accounting first must not move a charge (a certificate re-derived elsewhere)
+        module = sys.modules.get(name)
+        if module is not None and not isinstance(getattr(module, "signal", None), _Lazy):
+            setattr(module, "signal", _Lazy("scipy.signal", {"fftconvolve": fftconvolve}))  # noqa: B010
     return sys.modules["dp_accounting.pld.privacy_loss_distribution"]
 
 

@@ -184,7 +184,8 @@ def _planner(model: str) -> dict[str, Any]:
     where = f"space: auto (rules v{RULES_VERSION}, bench/results/auto_rules.md)"
     if model in KIND_GAIN:
         gain, se, proxy = KIND_GAIN[model]
-        return {**planner, "proxy": f"{where}: searches by these rules on {proxy}", "kind_gain": dict(gain),
-                "kind_gain_se": dict(se)}
+        # keys as strings: the derived space is released as YAML and inside the certificate's JSON, alike
+        return {**planner, "proxy": f"{where}: searches by these rules on {proxy}",
+                "kind_gain": {f"{e:g}": g for e, g in gain.items()}, "kind_gain_se": {f"{e:g}": v for e, v in se.items()}}
     return {**planner, "proxy": f"{where}: no proxy of this kind measured, the analytic model with the priors measured "
                                 "on the public proxies"}

@@ -97,7 +97,7 @@ def _rehearsal(raw: Mapping[Any, Any], field: str = "planner.rehearsal") -> dict
         raise ConfigError(field, f"{raw!r} is not a mapping", "write {epsilon: value, ...}, e.g. {1: -0.012, 2: 0.008}")
     out = {}
     for key, value in raw.items():
-        e = float(key) if isinstance(key, int | float) and not isinstance(key, bool) else math.nan
+        e = _number(key)
         if not (math.isfinite(e) and e > 0):
             raise ConfigError(field, f"key {key!r} is not a total epsilon > 0",
                               "write {epsilon: value, ...}, e.g. {1: -0.012, 2: 0.008}")
@@ -121,3 +121,15 @@ def with_planner_baseline(planner: PlannerSpec, fields: Mapping[str, Any], coerc
                               "use the hyperparameters of space: (e.g. learning_rate, batch_size)")
     return dataclasses.replace(planner, baseline={k: coerce(f"planner.baseline.{k}", v, fields[k].type)
                                                   for k, v in planner.baseline.items()})
+
+
+def _number(key: Any) -> float:
+    """A table's key as a total ε: a number, or its decimal string (the form JSON gives a released space's keys)."""
+    if isinstance(key, int | float) and not isinstance(key, bool):
+        return float(key)
+    if isinstance(key, str):
+        try:
+            return float(key)
+        except ValueError:
+            return math.nan
+    return math.nan
