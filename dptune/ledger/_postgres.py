@@ -333,16 +333,21 @@ def upgrade(ledger: Any) -> tuple[int, int]:
     con = backend.connect()
     try:
         before = schema_version(con)
-        backend.begin(con, exclusive=True)
-        try:
-            backend.create(con)
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
+        _create(backend, con)
         return before, schema_version(con)
     finally:
         con.close()
+
+
+def _create(backend: PostgresBackend, con: DbCon) -> None:
+    """The schema (tables, triggers, version) in one transaction under the set-up lock: all of it or none."""
+    backend.begin(con, exclusive=True)
+    try:
+        backend.create(con)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def ledger_id(con: DbCon) -> str | None:
@@ -363,13 +368,7 @@ def open_team(ledger: Any) -> None:
         if not backend.set_up(con):
             if ledger.read_only:
                 return  # nothing to read, and a reader creates nothing
-            backend.begin(con, exclusive=True)
-            try:
-                backend.create(con)
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
+            _create(backend, con)
         if ledger_id(con) is None and not ledger.read_only:
             backend.set_meta(con, "ledger_id", secrets.token_hex(16))  # 128 bits; the first writer's stays
         ledger.ledger_id = ledger_id(con)
