@@ -63,7 +63,10 @@ print(json.dumps(out, sort_keys=True))
 def _dispatched_features() -> str:
     """Every feature NumPy dispatches on that this CPU has (X86_V3: AVX2 and FMA3, X86_V4 and AVX512_*: AVX-512):
     with all of them off NumPy runs its baseline kernels, those of the oldest CPU it supports."""
-    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    try:  # NumPy 2; NumPy 1 called the package numpy.core
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # pragma: no cover
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__  # type: ignore[no-redef]
 
     return " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f))
 
