@@ -22,8 +22,10 @@ for exp/log (fdlibm's bound), a few ulp for expm1/log1p; ±inf, NaN and the doma
 
 from __future__ import annotations
 
+import functools
 import math
 import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,11 +58,49 @@ def _out(result: np.ndarray, x: Any) -> Any:
 def _scalar(x: Any) -> float | None:
     """``x`` as a Python float when it is one number (a library's scalar call: dp_accounting's loops make tens of
     thousands), else None. Python's float operations are IEEE-754 double operations, as NumPy's on float64 arrays, so
-    the scalar paths below give the very floats of the array paths, without their per-call overhead
-    (``tests/test_strictmath.py`` compares them bit for bit)."""
+    a scalar path that runs the array path's arithmetic (:func:`_exp_reduced`, :func:`_log_reduced`) gives its very
+    floats without its per-call overhead (``tests/test_strictmath.py`` compares them bit for bit)."""
     if isinstance(x, float | int | np.floating | np.integer) and not isinstance(x, bool):
         return float(x)
     return None
+
+
+def _elementwise(scalar: Callable[[float], float]) -> Callable[[Callable[[np.ndarray], np.ndarray]], Callable[[Any], Any]]:
+    """One function over a number (``scalar``, in Python floats) or an array (the decorated body, on float64 with
+    floating-point warnings off), returning a NumPy scalar or an array as a ufunc does."""
+    def wrap(array: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], Any]:
+        @functools.wraps(array)
+        def f(x: Any) -> Any:
+            if (v := _scalar(x)) is not None:
+                return np.float64(scalar(v))
+            x = _f64(x)
+            with np.errstate(all="ignore"):
+                return _out(array(x), x)
+        return f
+    return wrap
+
+
+def _exp_reduced(x: Any, k: Any) -> Any:
+    """e^(x − k·ln2) for |x − k·ln2| ≤ ln2/2, fdlibm's rational approximation: the same operations on a float and on
+    an array (``k`` an int or a float array, exact either way for |k| < 2^11)."""
+    hi = x - k * _LN2_HI
+    lo = k * _LN2_LO
+    r = hi - lo
+    t = r * r
+    c = r - t * (_P[0] + t * (_P[1] + t * (_P[2] + t * (_P[3] + t * _P[4]))))
+    return 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
+
+
+def _log_reduced(k: Any, f: Any) -> Any:
+    """log(2^k·(1 + f)) for √2/2 ≤ 1 + f < √2, fdlibm's: the same operations on a float and on an array."""
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (_LG[1] + w * (_LG[3] + w * _LG[5]))
+    t2 = z * (_LG[0] + w * (_LG[2] + w * (_LG[4] + w * _LG[6])))
+    r = t2 + t1
+    hfsq = 0.5 * f * f
+    return k * _LN2_HI - ((hfsq - (s * (hfsq + r) + k * _LN2_LO)) - f)
 
 
 def _exp_scalar(x: float) -> float:
@@ -69,13 +109,7 @@ def _exp_scalar(x: float) -> float:
     if x < _EXP_UNDERFLOW:
         return 0.0
     k = round(x * _INV_LN2)  # half to even, as np.rint
-    hi = x - k * _LN2_HI
-    lo = k * _LN2_LO
-    r = hi - lo
-    t = r * r
-    c = r - t * (_P[0] + t * (_P[1] + t * (_P[2] + t * (_P[3] + t * _P[4]))))
-    y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
-    return math.ldexp(math.ldexp(y, k // 2), k - k // 2)
+    return math.ldexp(math.ldexp(_exp_reduced(x, k), k // 2), k - k // 2)
 
 
 def _log_scalar(x: float) -> float:
@@ -89,16 +123,7 @@ def _log_scalar(x: float) -> float:
     low = m < _SQRT_HALF
     if low:
         m *= 2.0
-    k = float(e - low)
-    f = m - 1.0
-    s = f / (2.0 + f)
-    z = s * s
-    w = z * z
-    t1 = w * (_LG[1] + w * (_LG[3] + w * _LG[5]))
-    t2 = z * (_LG[0] + w * (_LG[2] + w * (_LG[4] + w * _LG[6])))
-    r = t2 + t1
-    hfsq = 0.5 * f * f
-    return k * _LN2_HI - ((hfsq - (s * (hfsq + r) + k * _LN2_LO)) - f)
+    return _log_reduced(float(e - low), m - 1.0)
 
 
 def _log1p_scalar(x: float) -> float:
@@ -117,80 +142,49 @@ def _expm1_scalar(x: float) -> float:
     return x if u == 1.0 else d
 
 
-def exp(x: Any) -> Any:
+@_elementwise(_exp_scalar)
+def exp(x: np.ndarray) -> np.ndarray:
     """e^x, fdlibm's ``__ieee754_exp``: x = k·ln2 + r, |r| ≤ ln2/2, e^r from a rational approximation, × 2^k."""
-    if (v := _scalar(x)) is not None:
-        return np.float64(_exp_scalar(v))
-    x = _f64(x)
-    with np.errstate(all="ignore"):
-        k = np.rint(x * _INV_LN2)
-        hi = x - k * _LN2_HI
-        lo = k * _LN2_LO
-        r = hi - lo
-        t = r * r
-        c = r - t * (_P[0] + t * (_P[1] + t * (_P[2] + t * (_P[3] + t * _P[4]))))
-        y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
-        k_int = np.where(np.isfinite(k), k, 0).astype(np.int64)
-        # 2^k in two exact steps, so that a k past the exponent range still gives the subnormal or 0 once
-        result = np.ldexp(np.ldexp(y, k_int // 2), k_int - k_int // 2)
+    k = np.rint(x * _INV_LN2)
+    y = _exp_reduced(x, k)
+    k_int = np.where(np.isfinite(k), k, 0).astype(np.int64)
+    # 2^k in two exact steps, so that a k past the exponent range still gives the subnormal or 0 once
+    result = np.ldexp(np.ldexp(y, k_int // 2), k_int - k_int // 2)
     result = np.where(x > _EXP_OVERFLOW, np.inf, result)
     result = np.where(x < _EXP_UNDERFLOW, 0.0, result)
-    result = np.where(np.isnan(x), np.nan, result)
-    return _out(result, x)
+    return np.where(np.isnan(x), np.nan, result)
 
 
-def log(x: Any) -> Any:
+@_elementwise(_log_scalar)
+def log(x: np.ndarray) -> np.ndarray:
     """The natural log, fdlibm's ``__ieee754_log``: x = 2^k·(1 + f), √2/2 ≤ 1 + f < √2, s = f/(2 + f),
     log(1 + f) = f − s·(f − R(s²)), plus k·ln2 in two parts; 0 → −inf, < 0 → NaN, +inf → +inf."""
-    if (v := _scalar(x)) is not None:
-        return np.float64(_log_scalar(v))
-    x = _f64(x)
-    with np.errstate(all="ignore"):
-        m, e = np.frexp(x)  # exact: x = m·2^e, m ∈ [0.5, 1) (subnormals too)
-        low = m < _SQRT_HALF
-        m = np.where(low, m * 2.0, m)
-        k = (e - low).astype(np.float64)
-        f = m - 1.0  # exact (Sterbenz)
-        s = f / (2.0 + f)
-        z = s * s
-        w = z * z
-        t1 = w * (_LG[1] + w * (_LG[3] + w * _LG[5]))
-        t2 = z * (_LG[0] + w * (_LG[2] + w * (_LG[4] + w * _LG[6])))
-        r = t2 + t1
-        hfsq = 0.5 * f * f
-        result = k * _LN2_HI - ((hfsq - (s * (hfsq + r) + k * _LN2_LO)) - f)
+    m, e = np.frexp(x)  # exact: x = m·2^e, m ∈ [0.5, 1) (subnormals too)
+    low = m < _SQRT_HALF
+    m = np.where(low, m * 2.0, m)
+    result = _log_reduced((e - low).astype(np.float64), m - 1.0)  # m − 1 exact (Sterbenz)
     result = np.where(x == 0.0, -np.inf, result)
     result = np.where(x < 0.0, np.nan, result)
     result = np.where(np.isposinf(x), np.inf, result)
-    result = np.where(np.isnan(x), np.nan, result)
-    return _out(result, x)
+    return np.where(np.isnan(x), np.nan, result)
 
 
-def log1p(x: Any) -> Any:
+@_elementwise(_log1p_scalar)
+def log1p(x: np.ndarray) -> np.ndarray:
     """log(1 + x), accurate near 0: u = 1 + x rounded, log(u)·x/(u − 1) (Goldberg 1991, Thm 4); x where u == 1."""
-    if (v := _scalar(x)) is not None:
-        return np.float64(_log1p_scalar(v))
-    x = _f64(x)
-    with np.errstate(all="ignore"):
-        u = 1.0 + x
-        d = u - 1.0
-        result = np.where(d == 0.0, x, log(u) * (x / np.where(d == 0.0, 1.0, d)))
-    result = np.where(np.isposinf(x), np.inf, result)
-    return _out(result, x)
+    u = 1.0 + x
+    d = u - 1.0
+    result = np.where(d == 0.0, x, log(u) * (x / np.where(d == 0.0, 1.0, d)))
+    return np.where(np.isposinf(x), np.inf, result)
 
 
-def expm1(x: Any) -> Any:
+@_elementwise(_expm1_scalar)
+def expm1(x: np.ndarray) -> np.ndarray:
     """e^x − 1, accurate near 0: u = e^x, (u − 1)·x/log(u) (Kahan); x where u == 1, −1 where u − 1 == −1."""
-    if (v := _scalar(x)) is not None:
-        return np.float64(_expm1_scalar(v))
-    x = _f64(x)
-    with np.errstate(all="ignore"):
-        u = exp(x)
-        d = u - 1.0
-        lu = log(u)
-        safe = (u != 1.0) & (d != -1.0) & np.isfinite(u)
-        result = np.where(safe, d * (x / np.where(safe, lu, 1.0)), np.where(u == 1.0, x, d))
-    return _out(result, x)
+    u = exp(x)
+    d = u - 1.0
+    safe = (u != 1.0) & (d != -1.0) & np.isfinite(u)
+    return np.where(safe, d * (x / np.where(safe, log(u), 1.0)), np.where(u == 1.0, x, d))
 
 
 def logaddexp(a: Any, b: Any) -> Any:
