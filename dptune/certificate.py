@@ -160,7 +160,7 @@ class Certificate:
                    for (role, e), t in zip(self.events, tokens, strict=True)]
         binding: dict[str, Any] = {"version": BINDING_VERSION, "charges": charges,
                                    "files": {name: file_sha256(p) for name, p in sorted((files or {}).items())}}
-        if getattr(ledger, "ledger_id", None):  # a team ledger's identity (issue 64): the charges' own ledger
+        if ledger.ledger_id:  # a team ledger's identity (issue 64): the charges' own ledger
             binding["ledger"] = ledger.ledger_id
         return replace(self, binding={**binding, "mac": ledger.mac(self._bound_message(binding))})
 
@@ -234,9 +234,9 @@ def verify_binding(cert: Certificate, ledger: Ledger, folder: str | Path | None 
             "with it (best_config.yaml, best_checkpoint.pt) nor the guarantee: nothing authenticates the config "
             "beside it", "its ε still verifies (python -m dptune.report or load_certificate), but final training "
             "needs a release of this dptune: run a new search (a new charge)")
-    if cert.binding.get("ledger") and cert.binding["ledger"] != getattr(ledger, "ledger_id", None):
+    if cert.binding.get("ledger") and cert.binding["ledger"] != ledger.ledger_id:
         raise CertificateError("certificate.binding", f"was charged to the ledger {cert.binding['ledger']}, not to "
-                               f"{ledger.path} (ledger {getattr(ledger, 'ledger_id', None) or 'without an id'})", fix)
+                               f"{ledger.path} (ledger {ledger.ledger_id or 'without an id'})", fix)
     if not ledger.verify_mac(cert._bound_message(cert.binding), cert.binding["mac"]):
         raise CertificateError("certificate.binding", f"is not authenticated by the curator key of {ledger.path}",
                                fix)

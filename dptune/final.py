@@ -120,9 +120,9 @@ def _curator(req: TrainRequest, release: Release) -> _Curator:
                           "search's sealed/ directory and ledger (on the curator's machine)",
                           "point --release at runs/<name>/release beside its sealed/, or pass --run runs/<name>")
     where, given = ledger_location(state["ledger"]), ledger_location(req.ledger) if req.ledger else None
-    if given is not None and not given.same(where) and not (
-            given.is_postgres and state.get("ledger_id") and Ledger(given).ledger_id == state["ledger_id"]):
-        # recorded: a team ledger's URL without a password, and its id (the same ledger however it is reached)
+    if given is not None and not given.same(where) and not (  # recorded: the URL without a password, and its id
+            given.is_postgres and Ledger(given, read_only=True).same_ledger(state["ledger"], state.get("ledger_id"))):
+        # (read-only: comparing sets no database up; the same ledger however it is reached)
         raise ConfigError("--ledger", f"the search was charged to {where}, not {given}",
                           "drop --ledger: final training charges the ledger the search recorded")
     if not where.is_postgres and not where.path.is_file():

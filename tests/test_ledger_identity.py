@@ -152,3 +152,20 @@ def test_a_certificate_names_its_ledger_by_id(pg: Any, pg_url: str, home: Path) 
             verify_binding(cert, other)
     finally:
         pg.drop_database(other_db)
+
+
+def test_a_read_only_look_at_another_database_sets_nothing_up(pg: Any, pg_url: str, home: Path) -> None:
+    """How dptune train compares a --ledger spelled otherwise with the search's: read-only, so a typo'd database gets
+    no tables, id or key, and is not the same ledger."""
+    import psycopg
+
+    first = Ledger(pg_url)
+    other_db = pg.new_database()
+    try:
+        look = Ledger(pg.url(other_db), read_only=True)
+        assert look.ledger_id is None and not look.same_ledger(str(first.location), first.ledger_id)
+        with psycopg.connect(pg.url(other_db), autocommit=True) as con:
+            assert con.execute("SELECT to_regclass('charges')").fetchone() == (None,)
+        assert Ledger(pg_url, read_only=True).same_ledger(str(first.location), first.ledger_id)
+    finally:
+        pg.drop_database(other_db)
