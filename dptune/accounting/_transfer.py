@@ -258,9 +258,9 @@ def advise_transfer(space: SearchSpace, n_train: int, *, target_epsilon: float |
     d = baseline or space.baseline
     rehearsed, rehearsed_se, basis = _rehearsal_for(space, plan, d, n_train)
     if rehearsed is None and pr.kind_gain is not None and pr.kind_gain_se is not None:
-        rehearsed, basis = _rehearsed_gain(pr.kind_gain, p.target_epsilon)
+        rehearsed, basis = _rehearsed_gain(pr.kind_gain, p.target_epsilon, "measured")
         rehearsed_se = _rehearsed_gain(pr.kind_gain_se, p.target_epsilon)[0]
-        basis = f"searches by its rules on the public proxy of this kind of data, {basis.replace('rehearsed', 'measured')}"
+        basis = f"searches by its rules on the public proxy of this kind of data, {basis}"
 
     t_a = trial_steps(epochs=d.epochs, batch_size=d.batch_size, basis=final_n)
     sigma_a = calibrate_noise_multiplier([], sampling_rate=sampling_rate(batch_size=d.batch_size, basis=final_n),
@@ -328,15 +328,15 @@ def rehearsal_key(space: SearchSpace) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def _rehearsed_gain(rehearsal: dict[float, float], epsilon: float) -> tuple[float, str]:
+def _rehearsed_gain(rehearsal: dict[float, float], epsilon: float, how: str = "rehearsed") -> tuple[float, str]:
     """The rehearsed gain at total ``epsilon`` — linear in log ε between the rehearsed points, the nearest point's
-    value outside them — and which of these it is."""
+    value outside them — and which of these it is (``how`` the points were had: rehearsed, or measured)."""
     eps = sorted(rehearsal)
     if epsilon in rehearsal:
-        return rehearsal[epsilon], f"rehearsed at epsilon {epsilon:g}"
+        return rehearsal[epsilon], f"{how} at epsilon {epsilon:g}"
     if epsilon < eps[0] or epsilon > eps[-1]:
         nearest = eps[0] if epsilon < eps[0] else eps[-1]
-        return rehearsal[nearest], f"outside the rehearsed epsilons {', '.join(f'{e:g}' for e in eps)}: the nearest one's"
+        return rehearsal[nearest], f"outside the {how} epsilons {', '.join(f'{e:g}' for e in eps)}: the nearest one's"
     hi = next(i for i, e in enumerate(eps) if e > epsilon)
     a, b = eps[hi - 1], eps[hi]
     w = math.log(epsilon / a) / math.log(b / a)

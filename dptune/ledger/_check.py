@@ -3,14 +3,13 @@ search reads any data. Each check is one line: what was found, and the fix where
 
 from __future__ import annotations
 
-import hmac
 import os
 import time
 from dataclasses import dataclass
 
 from dptune.errors import ConfigError, python_m
 from dptune.ledger._backend import LedgerUnavailable
-from dptune.ledger._keys import key_check, read_key
+from dptune.ledger._keys import key_fits, read_key
 from dptune.ledger._location import LedgerLocation, ledger_location
 from dptune.ledger._postgres import CURATOR_ROLE, PostgresBackend, ledger_id
 
@@ -79,7 +78,7 @@ def _team(where: LedgerLocation) -> list[Finding]:
                                                "the curator who set the ledger up (or point DPTUNE_LEDGER_KEY at it)"))
         else:
             try:
-                good = check_value is None or hmac.compare_digest(str(check_value), key_check(read_key(key_path)))
+                good = key_fits(check_value, read_key(key_path))
             except ConfigError:
                 good = False
             found.append(Finding("key", good, f"{key_path}" if good else f"{key_path} is not this ledger's key"))

@@ -22,7 +22,7 @@ from pathlib import Path
 from dptune.errors import ConfigError, python_m
 from dptune.ledger._location import LedgerLocation
 
-__all__ = ["key_check", "read_key", "team_key_path", "write_key"]
+__all__ = ["key_check", "key_fits", "read_key", "team_key_path", "write_key"]
 
 
 def team_key_path(location: LedgerLocation, ledger_id: str | None = None) -> Path:
@@ -48,6 +48,11 @@ def team_key_path(location: LedgerLocation, ledger_id: str | None = None) -> Pat
 def key_check(key: bytes) -> str:
     """What the database stores to recognise the team's key: an HMAC of a constant, not the key."""
     return hmac.new(key, b"dptune-ledger-key-check/1", hashlib.sha256).hexdigest()
+
+
+def key_fits(check_value: object, key: bytes) -> bool:
+    """Whether ``key`` is the one a team ledger's check value was made from (no check value yet: any key fits)."""
+    return check_value is None or hmac.compare_digest(str(check_value), key_check(key))
 
 
 def read_key(path: Path) -> bytes:

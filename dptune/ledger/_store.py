@@ -39,7 +39,7 @@ from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
 from dptune.ledger._backend import DbCon, event_sha256
 from dptune.ledger._keys import (
-    key_check,
+    key_fits,
     missing_team_key,
     read_key,
     team_key_path,
@@ -134,7 +134,7 @@ class Ledger:
                 if not self.key_path.exists():
                     raise missing_team_key(self.location, self.key_path)
                 key = read_key(self.key_path)
-                if check and not hmac.compare_digest(str(check[0][0]), key_check(key)):
+                if not key_fits(check[0][0] if check else None, key):
                     raise wrong_team_key(self.location, self.key_path)
             else:
                 key = read_key(self.key_path)
