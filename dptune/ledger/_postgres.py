@@ -28,7 +28,7 @@ from dptune.ledger._keys import key_check, read_key, team_key_path, write_key
 from dptune.ledger._location import LedgerLocation, canonical_url, scrub
 
 __all__ = ["CURATOR_ROLE", "PostgresBackend", "commit_wait", "connect_wait", "failure_kind", "grant_curators",
-           "ledger_id", "missing_for_setup", "open_team", "patiently", "schema_version", "setup_missing", "upgrade"]
+           "ledger_id", "open_team", "patiently", "schema_version", "setup_missing", "upgrade"]
 
 CONNECT_WAIT = 10.0  # seconds a connection before a charge waits for a server that does not answer
 COMMIT_WAIT = 120.0  # seconds closing a charge waits (a restart or failover): DPTUNE_LEDGER_WAIT overrides it
@@ -54,8 +54,8 @@ def connect_wait() -> float:
 def patiently(ledger: Any, step: Callable[[], None]) -> None:
     """``step`` (an idempotent write: closing a charge) for up to :func:`commit_wait` seconds: each connection waits
     for a server that does not answer, and a connection lost midway is tried again; a refusal is raised at once."""
-    deadline = time.monotonic() + commit_wait()
     ledger._wait = commit_wait()
+    deadline = time.monotonic() + ledger._wait
     try:
         while True:
             try:
@@ -259,14 +259,19 @@ class PostgresBackend:
         con.execute("INSERT INTO dptune_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING", (name, value))
 
 
-def missing_for_setup(con: DbCon, role: str = CURATOR_ROLE) -> list[str]:
-    """What this login lacks to set a team ledger up (tables in the current schema, the curator role, its grants),
-    as the statements an administrator would run; checked before anything is created (``setup-team``)."""
-    (login, schema, can_create, super_, createrole, role_exists, tables_owner) = con.execute(
-        "SELECT session_user, current_schema(), has_schema_privilege(current_schema(), 'CREATE'), "
-        "r.rolsuper, r.rolcreaterole, EXISTS (SELECT 1 FROM pg_roles WHERE rolname = ?), "
-        "(SELECT tableowner FROM pg_tables WHERE tablename = 'charges' AND schemaname = current_schema()) "
-        "FROM pg_roles r WHERE r.rolname = session_user", (role,)).fetchone()
+def setup_missing(location: LedgerLocation, role: str = CURATOR_ROLE) -> list[str]:
+    """What the login ``location`` connects as lacks to set a team ledger up (tables in the current schema, the
+    curator role, its grants), as the statements an administrator would run: ``setup-team``'s first step, before
+    anything is created."""
+    con = PostgresBackend(location).connect()
+    try:
+        (login, schema, can_create, super_, createrole, role_exists, tables_owner) = con.execute(
+            "SELECT session_user, current_schema(), has_schema_privilege(current_schema(), 'CREATE'), "
+            "r.rolsuper, r.rolcreaterole, EXISTS (SELECT 1 FROM pg_roles WHERE rolname = ?), "
+            "(SELECT tableowner FROM pg_tables WHERE tablename = 'charges' AND schemaname = current_schema()) "
+            "FROM pg_roles r WHERE r.rolname = session_user", (role,)).fetchone()
+    finally:
+        con.close()
     missing = []
     if tables_owner is None and not can_create:
         missing.append(f"GRANT CREATE ON SCHEMA {schema} TO {login};")
@@ -275,15 +280,6 @@ def missing_for_setup(con: DbCon, role: str = CURATOR_ROLE) -> list[str]:
     if not role_exists and not (super_ or createrole):
         missing.append(f"CREATE ROLE {role} NOLOGIN;  (or ALTER ROLE {login} CREATEROLE;)")
     return missing
-
-
-def setup_missing(location: LedgerLocation, role: str = CURATOR_ROLE) -> list[str]:
-    """:func:`missing_for_setup` of the login ``location`` connects as (``setup-team``'s first step)."""
-    con = PostgresBackend(location).connect()
-    try:
-        return missing_for_setup(con, role)
-    finally:
-        con.close()
 
 
 def grant_curators(con: DbCon, role: str = CURATOR_ROLE) -> None:
