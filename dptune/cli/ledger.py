@@ -239,15 +239,11 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if all(f.ok for f in findings) else 2
 
 
-def _history(args: argparse.Namespace) -> int:
-    path = ledger_location(args.ledger)
-    if not path.is_postgres and not path.path.is_file():
-        raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
-    rows = history(_reader(path), dataset_id=args.dataset_id, since=args.since, login=args.login)
+def _history(args: argparse.Namespace, ledger: Ledger) -> int:
+    rows = history(ledger, dataset_id=args.dataset_id, since=args.since, login=args.login)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"ledger: {path}", file=sys.stderr)
     for r in rows:
         print(f"#{r['id']:<4} {r['created']}  {r['status']:<9} {r['login'] or '(before schema 2)':<16} "
               f"ε = {r['epsilon']:.4g}  {r['name']}  budget {r['budget'] or '-'}"
@@ -267,8 +263,6 @@ def _upgrade(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     if args.command == "check":
         return _check(args)
-    if args.command == "history":
-        return _history(args)
     if args.command == "upgrade":
         return _upgrade(args)
     if args.command == "setup-team":
@@ -284,8 +278,10 @@ def _main(args: argparse.Namespace) -> int:
         raise ConfigError("--ledger", f"{str(path)!r} does not exist", "give the ledger file a search wrote")
     if path.is_postgres:
         _team_ledger(path)
-    ledger = _reader(path) if args.command == "show" else Ledger(path)
+    ledger = _reader(path) if args.command in ("show", "history") else Ledger(path)
     print(f"ledger: {ledger.path}", file=sys.stderr)
+    if args.command == "history":
+        return _history(args, ledger)
     if args.command == "set-budget":
         check_positive("--epsilon", args.epsilon, "choose a total budget, e.g. 8")
         check_delta("--delta", args.delta)
