@@ -211,7 +211,7 @@ def test_a_connection_lost_inside_a_write_is_a_clear_error_and_stores_nothing(pg
 
     def lost_midway(con: Any) -> None:
         con.execute("INSERT INTO charges (fingerprint, name, event, epsilon, status, created, token, event_sha256) "
-                    "VALUES (%s, 'half-written', '{}', 1.0, 'reserved', 0, 'tok', 'sha')", (FP,))
+                    "VALUES (%s, 'half-written', '{\"type\": \"NoOpDpEvent\"}', 1.0, 'reserved', 0, 'tok', 'sha')", (FP,))
         pid = con.execute("SELECT pg_backend_pid()").fetchone()[0]
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))

@@ -12,8 +12,8 @@ data). ``adopt --space S --dataset-id ID`` is the curator's word that the space'
 its searches are charged to it. ``set-budget --dataset-id`` changes an existing budget only.
 
 ``--ledger`` is a SQLite file or a team's ``postgresql://`` URL (default: ``$DPTUNE_LEDGER``, else the per-user file).
-``setup-team --ledger URL`` (the database's owner, once) creates the team ledger's tables, its append-only trigger, the
-``dptune_curator`` role and the team's curator key file; ``migrate --ledger FILE --to URL`` copies a SQLite ledger
+``setup-team --ledger URL`` (the database's owner, once) creates the team ledger's tables, its triggers, the roles
+``dptune_curator`` (searches) and ``dptune_admin`` (also changes budgets) and the team's curator key file; ``migrate --ledger FILE --to URL`` copies a SQLite ledger
 into it (docs/operations.md, "A team ledger")."""
 
 from __future__ import annotations
@@ -26,13 +26,15 @@ from typing import Any
 from dptune.cli._common import run_cli
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
 from dptune.ledger import (
+    ADMIN_ROLE,
     Ledger,
     LedgerLocation,
     adopt_records,
+    budget_changes,
     budget_key,
     budget_match,
     check,
-    grant_curators,
+    grant_roles,
     history,
     ledger_location,
     migrate,
@@ -55,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     hi.add_argument("--dataset-id", help="only this budget's charges (its id, as `show` prints it)")
     hi.add_argument("--since", help="only charges made since (an ISO date or time, UTC: 2026-12-01T09:30)")
     hi.add_argument("--login", help="only charges this database login made")
+    hi.add_argument("--budgets", action="store_true", help="every change of a budget instead (a team ledger's change "
+                    "log: who, when, old -> new)")
     hi.add_argument("--json", action="store_true")
     up = sub.add_parser("upgrade", help="bring a team ledger's schema to this release's (as its owner; migrations "
                                         "in one transaction)")
@@ -131,12 +135,13 @@ def _setup_team(args: argparse.Namespace) -> int:
     ledger.key()
     con = ledger._connect()
     try:
-        grant_curators(con, args.role)
+        grant_roles(con, args.role)
     finally:
         con.close()
     print(f"ledger: {ledger.path}")
-    print(f"  tables, the append-only trigger and the role {args.role!r} are set up; grant it to each curator's "
-          f"login: GRANT {args.role} TO alice;")
+    print(f"  tables, triggers and the roles {args.role!r} (search: open budgets, charge, close its own charges) "
+          f"and {ADMIN_ROLE!r} (also change budgets: set-budget, adopt; close any charge) are set up; grant one to "
+          f"each login: GRANT {args.role} TO alice; GRANT {ADMIN_ROLE} TO carol;")
     print(f"  the team's curator key: {ledger.key_path} (0600). Give each curator a copy as you give credentials "
           "(never through the database, a repository or a chat log); they keep it at the same default path or "
           "point DPTUNE_LEDGER_KEY at it")
@@ -220,7 +225,7 @@ def _adopt(args: argparse.Namespace, path: LedgerLocation) -> int:
     key = ledger.budget_key(args.dataset_id)  # refuses an id that names no budget
     data = load_dataset(load_space(args.space).dataset)
     found = budget_match(ledger, data, data.pool_fingerprint())
-    adopt_records(ledger, key, data)
+    adopt_records(ledger, key, data, command=f"adopt --space {args.space}")
     print(f"ledger: {ledger.path}")
     if key not in found.overlapped and key not in found.by_ids:
         print(f"  note: this data shared neither content nor record ids with {ledger.label(key)}: adopted as you said")
@@ -240,15 +245,26 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace, ledger: Ledger) -> int:
-    rows = history(ledger, dataset_id=args.dataset_id, since=args.since, login=args.login)
+    read = budget_changes if args.budgets else history
+    rows = read(ledger, dataset_id=args.dataset_id, since=args.since, login=args.login)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
+        if args.budgets:
+            change = "; ".join(f"{k}: {_shown(old)} -> {_shown(new)}" for k, (old, new) in r["changes"].items())
+            print(f"#{r['id']:<4} {r['at']}  {r['op']:<6} {r['login']:<16} budget {r['budget'] or '-'} (id "
+                  f"{r['dataset_id'] or '-'})  {change}")
+            continue
+        closer = f" by {r['closed_by']}" if r["closed_by"] and r["closed_by"] != r["login"] else ""
         print(f"#{r['id']:<4} {r['created']}  {r['status']:<9} {r['login'] or '(before schema 2)':<16} "
               f"ε = {r['epsilon']:.4g}  {r['name']}  budget {r['budget'] or '-'}"
-              + (f"  closed {r['closed']}" if r["closed"] else ""))
+              + (f"  closed {r['closed']}{closer}" if r["closed"] else ""))
     return 0
+
+
+def _shown(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _upgrade(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dptune.ledger._pg_schema import admin_only
 from dptune.ledger._store import Ledger
 
 __all__ = ["BudgetMatch", "adopt_identity", "adopt_records", "budget_key", "budget_match", "keyed_signatures", "match",
@@ -170,10 +171,11 @@ def adopt_identity(ledger: Ledger, key: str, data: Records) -> None:
                                              "records=COALESCE(records, ?) WHERE fingerprint=?", args))
 
 
-def adopt_records(ledger: Ledger, key: str, data: Records) -> None:
+def adopt_records(ledger: Ledger, key: str, data: Records, command: str = "adopt --space SPACE") -> None:
     """The curator's word that ``data`` holds the records of budget ``key`` (``python -m dptune.cli.ledger adopt``): the
     budget takes the data's content signatures and record ids besides its own (its record count is unchanged), so
-    the data, and copies of it, are charged to it from then on."""
+    the data, and copies of it, are charged to it from then on. On a team ledger, adding to signatures a budget
+    already has is for ``dptune_admin`` (a curator may only fill empty ones): a refusal names ``command``."""
     theirs_content = _chunks(_content_blob(ledger, data), ID_BYTES)
     theirs_ids = set(record_id_digests(ledger, record_ids(data)))
 
@@ -185,7 +187,8 @@ def adopt_records(ledger: Ledger, key: str, data: Records) -> None:
         con.execute("UPDATE budgets SET content=?, ids=?, records=COALESCE(records, ?) WHERE fingerprint=?",
                     (b"".join(sorted(content)), b"".join(sorted(ids)), len(data.content_signatures()), key))
 
-    ledger._transact(body)
+    with admin_only(ledger, ledger.dataset_id(key), command):
+        ledger._transact(body)
 
 
 def budget_match(ledger: Ledger, data: Records, fingerprint: str) -> BudgetMatch:

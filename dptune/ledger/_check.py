@@ -11,7 +11,8 @@ from dptune.errors import ConfigError, python_m
 from dptune.ledger._backend import LedgerUnavailable
 from dptune.ledger._keys import key_fits, read_key
 from dptune.ledger._location import LedgerLocation, ledger_location
-from dptune.ledger._postgres import CURATOR_ROLE, PostgresBackend, ledger_id
+from dptune.ledger._pg_schema import CURATOR_ROLE
+from dptune.ledger._postgres import PostgresBackend, ledger_id
 
 __all__ = ["Finding", "check"]
 

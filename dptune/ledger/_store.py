@@ -22,7 +22,6 @@ from __future__ import annotations
 import getpass
 import hashlib
 import hmac
-import json
 import math
 import secrets
 import time
@@ -35,9 +34,9 @@ from typing import Any, TypeVar, cast
 from dp_accounting import dp_event as de
 
 from dptune.accounting import epsilon as composed_epsilon  # `epsilon` is a budget parameter here
-from dptune.accounting import event_from_json, event_to_json
 from dptune.errors import ConfigError, check_delta, check_positive, python_m
 from dptune.ledger._backend import DbCon, event_sha256
+from dptune.ledger._event_rules import event_text, read_event
 from dptune.ledger._keys import (
     key_fits,
     missing_team_key,
@@ -47,6 +46,7 @@ from dptune.ledger._keys import (
     wrong_team_key,
 )
 from dptune.ledger._location import LedgerLocation, default_ledger_path, ledger_location
+from dptune.ledger._pg_schema import ADMIN_ROLE, admin_only, close_refused
 from dptune.ledger._postgres import PostgresBackend, open_team, patiently
 from dptune.ledger._sqlite import SqliteBackend, private_file
 
@@ -205,26 +205,32 @@ class Ledger:
                    ids: Sequence[bytes] | None = None, content: bytes | None = None) -> None:
         """Open or change the budget keyed ``fingerprint``; ``n`` records (default: of ``digests``): δ < 1/n.
         ``ids``, ``content``: its keyed record ids and content signatures (``dptune.ledger._budgets``); ``digests``:
-        exact example digests, as budgets opened before content signatures stored them."""
+        exact example digests, as budgets opened before content signatures stored them. On a team ledger opening one
+        is a curator's, changing one ``dptune_admin``'s (a refusal names the role and the command)."""
         n = n if n is not None else (len(digests) if digests is not None else None)
         blob = b"".join(sorted(digests)) if digests is not None else None
         id_blob = b"".join(sorted(ids)) if ids is not None else None
         def body(con: DbCon) -> None:
-            row = con.execute("SELECT records FROM budgets WHERE fingerprint=?" + self._backend.lock,
+            row = con.execute("SELECT records, dataset_id FROM budgets WHERE fingerprint=?" + self._backend.lock,
                               (fingerprint,)).fetchone()
-            _check_budget(epsilon, delta, n if n is not None else (row[0] if row else None))
+            check_positive("--epsilon", epsilon, "choose a total budget, e.g. 8")
+            check_delta("--delta", delta, n if n is not None else (row[0] if row else None))  # δ < 1/n, n known
             eps_spent = composed_epsilon(self._spent(con, fingerprint), delta)
             if eps_spent > epsilon:
                 raise BudgetExceeded("--epsilon", f"{eps_spent:.4g} has already been spent on this dataset",
                                      f"choose a budget >= {eps_spent:.4g}")
-            con.execute("INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests, records, "
-                        "ids, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(fingerprint) DO UPDATE SET "
-                        "epsilon=excluded.epsilon, delta=excluded.delta, label=COALESCE(excluded.label, budgets.label), "
-                        "digests=COALESCE(excluded.digests, budgets.digests), "
-                        "records=COALESCE(excluded.records, budgets.records), ids=COALESCE(excluded.ids, budgets.ids), "
-                        "content=COALESCE(excluded.content, budgets.content)",
-                        (fingerprint, float(epsilon), float(delta), label or None, time.time(), secrets.token_hex(16),
-                         blob, n, id_blob, content))
+            # a new budget is an INSERT (a curator's right); changing one an UPDATE (on a team ledger: the admin's)
+            if row is None and con.execute(
+                    "INSERT INTO budgets (fingerprint, epsilon, delta, label, created, dataset_id, digests, records, "
+                    "ids, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint) DO NOTHING",
+                    (fingerprint, float(epsilon), float(delta), label or None, time.time(), secrets.token_hex(16),
+                     blob, n, id_blob, content)).rowcount == 1:
+                return
+            with admin_only(self, row[1] if row else "ID", f"set-budget --epsilon {epsilon:g} --delta {delta:g}"):
+                con.execute("UPDATE budgets SET epsilon=?, delta=?, label=COALESCE(?, label), digests=COALESCE(?, "
+                            "digests), records=COALESCE(?, records), ids=COALESCE(?, ids), content=COALESCE(?, "
+                            "content) WHERE fingerprint=?", (float(epsilon), float(delta), label or None, blob, n,
+                                                             id_blob, content, fingerprint))
 
         self._transact(body)
 
@@ -263,12 +269,12 @@ class Ledger:
 
     # --- charges -------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _spent(con: DbCon, fingerprint: str) -> list[de.DpEvent]:
-        """Every charge that counts (reserved or committed), as events; totals compose them."""
-        rows = con.execute("SELECT event FROM charges WHERE fingerprint=? AND status != 'aborted'",
+    def _spent(self, con: DbCon, fingerprint: str) -> list[de.DpEvent]:
+        """Every charge that counts (reserved or committed), as events; totals compose them. An unreadable one is
+        an ``UnreadableCharge`` naming it (nothing is charged to its budget), never the accountant's TypeError."""
+        rows = con.execute("SELECT id, event FROM charges WHERE fingerprint=? AND status != 'aborted' ORDER BY id",
                            (fingerprint,)).fetchall()
-        return [event_from_json(json.loads(text)) for (text,) in rows]
+        return [read_event(cid, text, where=str(self.path)) for (cid, text) in rows]
 
     def reserve(self, fingerprint: str | Sequence[str], name: str, event: de.DpEvent, n: int | None = None) -> int:
         """Store the charge durably (committed) and return its id; refuse if over budget (stores nothing).
@@ -279,7 +285,7 @@ class Ledger:
         keys = [fingerprint] if isinstance(fingerprint, str) else list(dict.fromkeys(fingerprint))
         if not keys:
             raise ValueError("reserve needs at least one budget")
-        text = json.dumps(event_to_json(event))  # refuses an event dptune cannot store, before the lock
+        text = event_text(event)  # refuses an event dptune cannot store or its ledger would refuse, before the lock
         def body(con: DbCon) -> int:
             for key in sorted(keys):  # each budget's row locked, in one order (no deadlock between two reservations)
                 con.execute("SELECT 1 FROM budgets WHERE fingerprint=?" + self._backend.lock, (key,)).fetchall()
@@ -319,7 +325,7 @@ class Ledger:
                 f"this charge would bring {name_of} to ε = {total_eps:.4g} (δ = {budget_delta:g}, RDP "
                 f"composition), over its budget ε = {budget_eps:g} (already spent ε = {spent_eps:.4g})",
                 "lower the search's cost (larger noise_multiplier lower bound, fewer mean trials, more score "
-                + ("noise); a team's budget is its owner's to raise, if the team decides to"
+                + (f"noise); a team's budget is its owner's to raise (a member of {ADMIN_ROLE}), if the team decides to"
                    if self.location.is_postgres else
                    f"noise) or raise the budget with `{python_m('dptune.cli.ledger')} set-budget`"),
             )
@@ -346,7 +352,8 @@ class Ledger:
                         (status, time.time(), charge_id, charge_id))
 
         if self.location.is_postgres:  # a finished search's release survives a server restart or failover
-            patiently(self, lambda: self._transact(body))
+            with close_refused(self, charge_id, status):
+                patiently(self, lambda: self._transact(body))
         else:
             self._transact(body)
 
@@ -359,9 +366,8 @@ class Ledger:
 
     _CHARGE_COLUMNS = "id, fingerprint, name, event, epsilon, status, created, token"
 
-    @staticmethod
-    def _charge(r: tuple) -> Charge:
-        return Charge(r[0], r[1], r[2], event_from_json(json.loads(r[3])), r[4], r[5], r[6], r[7])
+    def _charge(self, r: tuple) -> Charge:
+        return Charge(r[0], r[1], r[2], read_event(r[0], r[3], where=str(self.path)), r[4], r[5], r[6], r[7])
 
     def charges(self, fingerprint: str | None = None) -> list[Charge]:
         q = f"SELECT {self._CHARGE_COLUMNS} FROM charges"
@@ -384,15 +390,10 @@ class Ledger:
         if delta is None:
             b = self.budget(fingerprint)
             delta = b[1] if b else 1e-5
-        rows = self._read("SELECT event FROM charges WHERE fingerprint=? AND status != 'aborted'", (fingerprint,))
-        return composed_epsilon([event_from_json(json.loads(text)) for (text,) in rows], delta)
+        with self._session() as con:
+            return composed_epsilon(self._spent(con, fingerprint), delta)
 
     def fingerprints(self) -> list[str]:
         rows = self._read("SELECT fingerprint FROM budgets UNION SELECT fingerprint FROM charges")
         return sorted(r[0] for r in rows)
 
-
-def _check_budget(epsilon: float, delta: float, n: int | None) -> None:
-    """ε > 0; δ in (0, 1) and below 1/n when n is known (δ ≥ 1/n admits publishing a random example)."""
-    check_positive("--epsilon", epsilon, "choose a total budget, e.g. 8")
-    check_delta("--delta", delta, n)
