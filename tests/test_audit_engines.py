@@ -86,7 +86,7 @@ def test_directions_match_each_canarys_own_gradient(clip: float) -> None:
     config = feature_audit_config(TrialConfig(score_noise=None), empty, canaries)
     splits = feature_audit_splits(empty, canaries)
     model = init_model(config, splits)
-    assert isinstance(model, FeatureCanaryModel)
+    assert model.captured_from == FeatureCanaryModel.__name__  # the canary model, captured
     with torch.no_grad():
         model.canary.weight.normal_(0.0, 0.05)  # away from the zero init: logits of the canaries differ
     u, a = column_directions(model, canaries.labels, max_grad_norm=clip)

@@ -24,6 +24,7 @@ from torch import nn
 
 from dptune.config import ConfigError, TrialConfig
 from dptune.dpsgd import engine_mode, make_engine, padded_rows, validate_model
+from dptune.dpsgd._checked import checked_model
 from dptune.models import build_model
 from tests.conftest import importable_module
 
@@ -184,7 +185,7 @@ def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
 def _build(config: TrialConfig) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
-        return build_model(config, CLASSES, SHAPE).double().train()
+        return checked_model(build_model(config, CLASSES, SHAPE), config).double().train()  # the program that trains
 
 
 def _alone(config: TrialConfig, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:

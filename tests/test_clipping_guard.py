@@ -23,6 +23,7 @@ from torch import nn
 
 from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.dpsgd import engine_mode, make_engine, validate_model
+from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.models import build_model
 from tests.conftest import ROOT, importable_module, isolated_env_for, run_cli
@@ -97,6 +98,14 @@ class Centered(nn.Module):  # a batch statistic without a BatchNorm module
         return self.head(torch.tanh(h))
 
 
+class TrainCentered(Centered):  # a batch statistic in training only: eval() is per example
+    def forward(self, x):
+        h = self.fc(x.flatten(1))
+        if self.training:
+            h = h - h.mean(0)
+        return self.head(torch.tanh(h))
+
+
 class InplaceRelu(nn.Module):
     def __init__(self, k):
         super().__init__()
@@ -163,6 +172,7 @@ KINDS = {
     "tied_functional": TiedFunctional, "tied_shared": TiedShared, "patches": Patches,
     "reflect": lambda k: Padded(k, "reflect"), "circular": lambda k: Padded(k, "circular"),
     "centered": lambda k: Centered(k, False), "functional_bn": lambda k: Centered(k, True),
+    "train_centered": lambda k: TrainCentered(k, False),
     "inplace_relu": InplaceRelu, "residual_inplace": Residual, "twice": Twice,
     "scaled_linear": lambda k: _mlp(ScaledLinear(64, 32), k), "frozen_weight": _frozen_weight,
     "gated": lambda k: _mlp(GatedLinear(64, 32), k), "weight_norm": _weight_norm,
@@ -175,7 +185,7 @@ KINDS = {
 def make(num_classes, input_shape, groups, kind):
     return KINDS[kind](num_classes)
 '''
-KINDS = ["tied_functional", "tied_shared", "patches", "reflect", "circular", "centered", "functional_bn",
+KINDS = ["tied_functional", "tied_shared", "patches", "reflect", "circular", "centered", "functional_bn", "train_centered",
          "inplace_relu", "residual_inplace", "twice", "scaled_linear", "frozen_weight", "gated", "weight_norm",
          "plain"]  # the keys of USER_MODELS' KINDS
 
@@ -237,10 +247,10 @@ def test_every_example_moves_the_sum_by_at_most_c_or_the_model_is_refused(user_m
         assert kind != "plain", f"the ordinary GroupNorm CNN was refused in {mode}: {e}"
         return
 
-    def model() -> nn.Module:  # rebuilt, not deep-copied (legacy weight_norm cannot be copied)
-        with torch.random.fork_rng(devices=[]):
+    def model() -> nn.Module:  # rebuilt, not deep-copied (legacy weight_norm cannot be copied); the program that
+        with torch.random.fork_rng(devices=[]):  # trains: the captured model (checked_model), not the user's Python
             torch.manual_seed(3)
-            return build_model(config, CLASSES, SHAPE).double().train()
+            return checked_model(build_model(config, CLASSES, SHAPE), config).double().train()
 
     gen = torch.Generator().manual_seed(7)  # other inputs than the guard's
     x = torch.randn((4, *SHAPE), generator=gen, dtype=torch.float64)
@@ -269,11 +279,12 @@ def test_a_per_layer_mode_that_under_clips_is_refused_by_name(user_models: Path,
 
 
 def test_auto_falls_back_to_functorch_and_says_so(user_models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where auto's per-layer choice is not exact for the model, auto runs functorch and the note says why."""
+    """Where the graph does not prove auto's per-layer choice exact for the model (a batch statistic in training),
+    auto runs functorch and the note names the node."""
     from dptune.dpsgd import AUTO_CLIPPING
     from dptune.dpsgd._guard import _guarded
 
-    config = _config("residual_inplace", "auto")
+    config = _config("train_centered", "auto")
     monkeypatch.setitem(AUTO_CLIPPING, config.model, "bookkeeping")  # as auto picks for gn_cnn and resnet9
     _guarded.cache_clear()
     try:
@@ -281,7 +292,7 @@ def test_auto_falls_back_to_functorch_and_says_so(user_models: Path, monkeypatch
     finally:
         _guarded.cache_clear()
     assert mode == "functorch"
-    assert note is not None and "bookkeeping is not exact" in note and "in place" in note
+    assert note is not None and "bookkeeping needs a model graph that keeps the rows" in note and "mean" in note
     mode, note = guarded_clipping(TrialConfig(model="gn_cnn", clipping="auto"), CLASSES, SHAPE)
     assert mode == "bookkeeping" and note is None
 

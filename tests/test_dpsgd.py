@@ -331,7 +331,7 @@ def test_channels_last_tanh_cnn_clips_as_functorch(digits: Splits, mode: str,
     y = digits.train[1][:10]
     data = Splits(train=(x, y), val=(x, y), test=(x, y), num_classes=digits.num_classes, input_shape=(1, 28, 28))
     model = init_model(config, data)
-    conv2 = model.features[4]
+    conv2 = model.get_submodule("features.4")
     assert conv2.weight.is_contiguous(memory_format=torch.channels_last) and not conv2.weight.is_contiguous()
     nchw = init_model(config, data).to(memory_format=torch.contiguous_format)
     with torch.no_grad():

@@ -168,7 +168,7 @@ def feature_signals(obs: FeatureObservation) -> tuple[np.ndarray, np.ndarray]:
     input and label; ``_features``). A sampled included canary gives x_t = a_t + N(0, σ²), any other N(0, σ²)."""
     sums = column_sums(obs)
     model = init_model(obs.config, obs.splits)
-    assert isinstance(model, FeatureCanaryModel)
+    assert getattr(model, "captured_from", None) == FeatureCanaryModel.__name__  # the canary model, captured
     x, a = np.zeros(sums.shape[::2]), np.zeros(sums.shape[::2])
     for t in range(len(sums)):
         model.load_state_dict(obs.states[t], strict=False)

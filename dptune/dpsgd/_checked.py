@@ -10,23 +10,25 @@ from opacus.validators.errors import IllegalModuleConfigurationError, ShouldRepl
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig, clipping
+from dptune.dpsgd._capture import capture
 from dptune.models import batch_statistics_only, check_no_batchnorm, fix_batchnorm
 
 __all__ = ["checked_model", "first_sentence"]
 
 
 def checked_model(model: nn.Module, config: TrialConfig) -> nn.Module:
-    """``model`` in training mode with BatchNorm fixed (``config.fix_batchnorm``) or refused, and accepted by
-    Opacus' ModuleValidator; ConfigError naming the offending layer otherwise."""
+    """``model`` in training mode with BatchNorm fixed (``config.fix_batchnorm``) or refused, accepted by Opacus'
+    ModuleValidator, and captured as one program (``_capture``: what trains is the graph, not the user's Python);
+    ConfigError naming the offending layer or construct otherwise."""
     if config.fix_batchnorm:
         fix_batchnorm(model, config.groups)
     model.train()  # dptune trains in training mode (Opacus refuses a model in eval mode)
     if not clipping.mode(config.clipping).per_example:  # batch clipping: Opacus' per-sample validators do not apply
-        return batch_statistics_only(model)
+        return capture(batch_statistics_only(model))
     check_no_batchnorm(model)
     if ModuleValidator.validate(model, strict=False):
         _raise_by_layer(model)
-    return model
+    return capture(model)
 
 
 def _raise_by_layer(model: nn.Module) -> None:

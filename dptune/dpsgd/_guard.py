@@ -61,9 +61,10 @@ from torch import nn
 from dptune.config import ConfigError, TrialConfig, clipping
 from dptune.dpsgd._alc import layer_clip_norms
 from dptune.dpsgd._checked import checked_model
-from dptune.dpsgd._engines import Engine, engine_mode, make_engine, quiet_hooks, resolve_clipping
+from dptune.dpsgd._engines import ENGINES, Engine, engine_mode, make_engine, quiet_hooks, resolve_clipping
 from dptune.dpsgd._loop import padded_size, physical_chunk
 from dptune.dpsgd._purity import ProbeRandomness, check_forward, masks_off
+from dptune.dpsgd._rows import check_program
 from dptune.models import build_model
 
 __all__ = ["ProbeResult", "guarded_clipping", "probe_rows"]
@@ -354,6 +355,12 @@ def _guarded(key: str, mode: str, rows: int, num_classes: int, input_shape: tupl
     build = _builder(config, num_classes, input_shape)
     gen = torch.Generator().manual_seed(20261127)  # synthetic inputs: no data is read
     check_forward(build, torch.randn((6 * max(config.augmult, 1), *input_shape), generator=gen, dtype=torch.float64))
+    sees = ENGINES[mode].sees_batch if mode in ENGINES else True
+    mixing = check_program(build(), input_shape, mode, sees, refuse=config.clipping != "auto")
+    note = None
+    if mixing is not None and sees:  # auto: the graph does not prove row independence, so each example alone
+        mode, note = EXACT, (f"clipping auto: {mode} needs a model graph that keeps the rows of a batch apart, and "
+                             f"this one does not ({mixing}); {EXACT} (each example alone) runs instead")
     if not clipping.mode(mode).per_example:  # its own invariant (batch clipping: the clipped mean, <= 2C)
         with quiet_hooks():
             result = _batch_probe(build, config, num_classes, input_shape)
@@ -369,7 +376,7 @@ def _guarded(key: str, mode: str, rows: int, num_classes: int, input_shape: tupl
                           "(no statistics across the batch: use GroupNorm, not BatchNorm or h - h.mean(0))") from e
     result = probe.run(mode)
     if result.exact:
-        return mode, None
+        return mode, note
     if mode == EXACT or clipping.mode(mode).layerwise:  # alc runs whole-model vmap too: nothing more exact
         raise ConfigError("model", f"even per-example functorch gradients do not match the per-example reference "
                           f"({result.failure})", "make every output depend on its own input only (no statistics "

@@ -23,6 +23,7 @@ from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import Chunk, Schedule, epoch_chunks, physical_chunk
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
+from dptune.dpsgd._rows import check_program
 from dptune.dpsgd._state import TrialRun, restore_checkpoint, save_checkpoint, trial_identity
 from dptune.dpsgd._streams import TrialStreams
 from dptune.models import build_model
@@ -173,6 +174,8 @@ def _start(config: TrialConfig, data: Splits, sched: Schedule, dev: torch.device
     model.train()
     meter = NoiseMeter()
     engine = make_engine(sched.clipping_mode, model, config, streams.noise, meter=meter)
+    # the program this trial trains, proven itself (a factory may capture differently in another process)
+    check_program(model, data.input_shape, engine_mode(engine), engine.sees_batch)
     if audit is not None:
         apply_bug(engine, audit.bug)  # audit-only: a deliberately broken trainer when an audit asks for one
     ema = None

@@ -10,11 +10,11 @@ from torch import nn
 from dptune.config import ConfigError, TrialConfig
 from dptune.models._cnn import GNCNN, TanhCNN
 from dptune.models._external import factory_model, torchvision_model
-from dptune.models._layers import group_norm
+from dptune.models._layers import WSConv2d, channels_last, group_norm
 from dptune.models._mlp import MLP
 from dptune.models._resnets import ResNet9, WideResNet
 
-__all__ = ["batch_statistics_only", "build_model", "check_no_batchnorm", "count_parameters", "fix_batchnorm"]
+__all__ = ["WSConv2d", "batch_statistics_only", "build_model", "channels_last", "check_no_batchnorm", "count_parameters", "fix_batchnorm"]
 
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 

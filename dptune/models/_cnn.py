@@ -19,6 +19,8 @@ def _norm(norm: str, channels: int, groups: int, where: str) -> nn.Module:
     raise ConfigError("model.kwargs.norm", f"{norm!r} is not a normalisation", "use group or batch")
 
 
+torch.fx.wrap("channels_last")  # one call in a captured program (its branch is on vmap, not on the data)
+
 class GNCNN(nn.Module):
     """conv-GN-act x2, pool, conv-GN-act, adaptive pool, linear. Tanh: bounded activations keep
     per-sample gradient norms small, which helps DP-SGD (Papernot et al. 2021)."""
