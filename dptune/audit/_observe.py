@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -172,7 +172,8 @@ def feature_signals(obs: FeatureObservation) -> tuple[np.ndarray, np.ndarray]:
     x, a = np.zeros(sums.shape[::2]), np.zeros(sums.shape[::2])
     for t in range(len(sums)):
         model.load_state_dict(obs.states[t], strict=False)
-        u, a[t] = column_directions(model, obs.canaries.labels, obs.config.max_grad_norm)
+        # the captured canary model: FeatureCanaryModel's layers and attributes (base, canary, value, image_shape)
+        u, a[t] = column_directions(cast(FeatureCanaryModel, model), obs.canaries.labels, obs.config.max_grad_norm)
         x[t] = np.einsum("km,mk->m", sums[t], u)
     return x, a
 
