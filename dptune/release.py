@@ -161,9 +161,11 @@ def release_document(space: SearchSpace, params: dict[str, Any], score: float | 
 
 
 def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent, *, dataset_id: str,
-                       reproducible: bool, created: str, transfer: TransferPlan | None = None) -> Certificate:
+                       reproducible: bool, created: str, transfer: TransferPlan | None = None,
+                       engines: tuple[str, ...] = ()) -> Certificate:
     """The search's certificate. Its event is the one the ledger charged at reserve time (a resumed
-    search was checked to plan the same event); the plan supplies only descriptive details."""
+    search was checked to plan the same event); the plan supplies only descriptive details. ``engines``: the
+    clipping guard's notes (where auto ran another engine than its default, and why), from the public space."""
     details: dict[str, Any] = {
         "kind": "search", "space": space.name, "searcher": space.searcher, "accounting": space.accounting,
         "n_train": plan.n_train, "trial_epsilon": plan.trial_epsilon, "search_epsilon": plan.search_epsilon,
@@ -176,6 +178,12 @@ def search_certificate(space: SearchSpace, plan: Plan, charged_event: de.DpEvent
                          "index is released",
             "charged_as": "NoisyMaxDpEvent: (1/scale)-bounded range, 1/(8 scale^2)-zCDP (Cesar & Rogers 2021), "
                           "(1/scale)-DP; once for the whole search"}
+    details["training"] = {
+        "program": "each model captured once with torch.fx (train and eval graphs over its own layers); trials and "
+                   "scoring run the graphs, not the model's Python",
+        "engines": "per-layer clipping engines (hooks, ghost, bookkeeping) only on graphs proven to keep the rows of "
+                   "a batch apart for every batch size; otherwise functorch (each example alone)",
+        "notes": list(engines)}
     if transfer is not None:
         details["transfer"] = transfer.describe()
     if space.auto is not None:  # space: auto: the public facts, the rules' version and the space derived

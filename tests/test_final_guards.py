@@ -180,6 +180,13 @@ def test_a_release_publishes_the_sizes_its_guarantee_is_conditional_on(runs: dic
     assert "conditional_on" in cert.guarantee
 
 
+def test_a_release_names_what_trained_and_which_engines(runs: dict[str, Path]) -> None:
+    """Issue 59: the certificate says the trials ran captured programs and when per-layer engines may run."""
+    training = load_certificate(runs["cheap"] / "certificate.json").details["training"]
+    assert "torch.fx" in training["program"] and "functorch" in training["engines"]
+    assert isinstance(training["notes"], list)
+
+
 def test_release_tar_carries_the_reservation_time_and_no_other(runs: dict[str, Path]) -> None:
     """Issue 22 item 9: a file's ctime is the moment it was written (the search's end) and cannot be set;
     release.tar (what to ship) holds one time per entry, the reservation's, no atime/ctime (ustar: no pax

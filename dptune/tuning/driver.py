@@ -376,7 +376,8 @@ def _release(req: SearchRequest, run: RunDir, ledger: Ledger, p: _Prepared, char
     document = release_document(req.space, params, score, transfer=p.transfer)
     budget_fp = run.read_state()["budget_fingerprint"]
     cert = search_certificate(req.space, p.plan, charge.event, dataset_id=ledger.dataset_id(budget_fp),
-                              reproducible=draw.reproducible, created=day_of(charge.created), transfer=p.transfer)
+                              reproducible=draw.reproducible, created=day_of(charge.created), transfer=p.transfer,
+                              engines=p.notes)
     checkpoint = None
     if req.ray.save_model and best is not None and best.checkpoint:
         checkpoint = Path(best.checkpoint) / "model.pt"
