@@ -12,10 +12,12 @@ declared feature or the label, a label that ``classes`` does not list. dptune do
 value would be computed from private data. Messages say what is wrong, never how many records or which value
 (a count or a label value of private records is a release).
 
-Ledger identity: each row's declared features on their bounds' scale, in the file's column order
-(``dptune.data._content``: never the id column, never the label), so the same rows under other ids, without their id column, or exported from images are
-known as the records they are; the declared ``dataset.id_column`` (present and distinct in every row) names each
-record within that dataset (a row whose values changed keeps its id).
+Ledger identity: each row's declared features on their bounds' scale, in the natural order of their names
+(``dptune.data._content``: never the id column, never the label), so the same rows under other ids, without their id
+column, with their columns in another order, or exported from images are known as the records they are; rows whose
+declared features take too few values to tell them from other tables' (``column_levels``) are known by id alone. The
+declared ``dataset.id_column`` (present and distinct in every row) names each record within that dataset (a row
+whose values changed keeps its id).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pyarrow as pa
 import torch
 
 from dptune.config import ConfigError, DatasetSpec
-from dptune.data._content import row_signatures
+from dptune.data._content import column_levels, natural_order, row_signatures
 from dptune.data._loaders import take
 from dptune.data._splits import Splits, make_splits, split_indices
 
@@ -67,17 +69,19 @@ def load_table(spec: DatasetSpec) -> Splits:
     if label not in table.column_names:
         raise ConfigError("dataset.label", f"column {label!r} does not exist in {Path(spec.path or '').name}",
                           f"name one of its columns: {', '.join(table.column_names[:30])}")
+    bounds = [(col, float(lo), float(hi)) for col, (lo, hi) in (spec.features or {}).items()]
+    raw = [_feature(table, col) for col, _, _ in bounds]
     # each feature on its declared bounds' scale (0 at low, 1 at high; unclipped): the records' content identity
-    scaled = np.stack([_feature(table, col, float(lo), float(hi)) for col, (lo, hi) in (spec.features or {}).items()],
-                      axis=1)
+    scaled = np.stack([(v - lo) / (hi - lo) for v, (_, lo, hi) in zip(raw, bounds, strict=True)], axis=1)
     model_input = np.clip(scaled * 2.0 - 1.0, -1.0, 1.0)  # what the model sees: clipped to the bounds, in [-1, 1]
     x = torch.from_numpy(model_input.astype(np.float32)).view(table.num_rows, 1, 1, scaled.shape[1])
-    # identity: the features in the file's column order, whatever order the space declares them in
-    in_file = np.argsort([table.column_names.index(col) for col in spec.features or {}], kind="stable")
+    # identity: the features in their names' natural order, whatever order the file stores or the space declares
+    order = natural_order([col for col, _, _ in bounds])
+    levels = [column_levels(raw[j], bounds[j][1], bounds[j][2]) for j in order]
     y, classes = _labels(table.column(label), label, spec.classes)
     te, val, tr = split_indices(len(y), (spec.test_size, spec.validation_size), spec.split_seed, "dataset.test_size")
     return make_splits(take(x, y, tr), take(x, y, val), take(x, y, te), classes, record_digests(table),
-                       record_ids=_record_ids(table, spec.id_column), signatures=row_signatures(scaled[:, in_file]))
+                       record_ids=_record_ids(table, spec.id_column), signatures=row_signatures(scaled[:, order], levels))
 
 
 def _record_ids(table: pa.Table, id_column: str | None) -> tuple[str, ...] | None:
@@ -98,8 +102,8 @@ def _record_ids(table: pa.Table, id_column: str | None) -> tuple[str, ...] | Non
     return ids
 
 
-def _feature(table: pa.Table, col: str, low: float, high: float) -> np.ndarray:
-    """One declared feature on its bounds' scale: (value - low) / (high - low), not yet clipped."""
+def _feature(table: pa.Table, col: str) -> np.ndarray:
+    """One declared feature's values, checked (present, numeric, none missing)."""
     field = f"dataset.features.{col}"
     if col not in table.column_names:
         raise ConfigError(field, f"column {col!r} does not exist in the table",
@@ -113,7 +117,7 @@ def _feature(table: pa.Table, col: str, low: float, high: float) -> np.ndarray:
     if column.null_count or np.isnan(values).any():
         raise ConfigError(field, f"column {col!r} has missing values (null or NaN)",
                           "drop or fill them before loading: dptune does not impute from private data")
-    return (values - low) / (high - low)
+    return values
 
 
 def _labels(column: pa.ChunkedArray, name: str, classes: list[Any] | None) -> tuple[torch.Tensor, int]:
