@@ -80,6 +80,9 @@ def select_noisy_max(rows: Sequence[TrialRow], *, gumbel_scale: float, n_val: in
 
 def select(space: SearchSpace, rows: Sequence[TrialRow], *, n_val: int, seed: int) -> TrialRow | None:
     """The trial to release under the space's ``privacy.selection`` (``seed``: the sealed selection stream)."""
+    if space.scheduler == "asha":  # the trials ASHA trained to the end, when there are any
+        top = [r for r in rows if r.measured.get("rung", -1) == r.measured.get("rungs", 0) - 1]
+        rows = top or rows
     if space.privacy.selection != "noisy_max":
         return select_best(rows)
     assert space.privacy.score_noise is not None  # config.check_privacy

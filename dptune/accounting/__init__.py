@@ -42,9 +42,11 @@ from dptune.accounting._catalogue import (
     rule_of,
     stopping_rule,
 )
-from dptune.accounting._convert import ORDERS
+from dptune.accounting._convert import ORDERS, rdp_to_epsilon
 from dptune.accounting._events import (
+    FILTER_SLACK,
     NoisyMaxDpEvent,
+    RdpFilterDpEvent,
     SubsampledMechanismDpEvent,
     WorstCaseDpEvent,
     event_from_json,
@@ -53,6 +55,15 @@ from dptune.accounting._events import (
     split_selection,
     trial_event,
     with_selection,
+)
+from dptune.accounting._filter import (
+    RdpFilter,
+    admits,
+    filter_bound,
+    filter_schedule,
+    filter_text,
+    segment_costs,
+    segment_events,
 )
 from dptune.accounting._grid import EPSILON_DIGITS, SIGMA_DIGITS, round_up_epsilon, round_up_sigma
 from dptune.accounting._planner import (
@@ -69,7 +80,7 @@ from dptune.accounting._planner import (
 from dptune.accounting._pld import pld_epsilon, pld_of
 from dptune.accounting._profile import profile_epsilon
 from dptune.accounting._rdp import rdp_epsilon, rdp_of
-from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
+from dptune.accounting._rules import Composed, Filter, Poisson, StoppingRule, TruncatedNegativeBinomial
 from dptune.accounting._stopping import random_stopping_rdp, tnb_gamma, tnb_mean
 from dptune.accounting._subsample import (
     min_subsample_size,
@@ -161,3 +172,5 @@ from dptune.accounting._final_run import FinalCalibration, calibrate_final
 from dptune.config.params import sampling_rate, trial_steps
 
 __all__ += ["FinalCalibration", "calibrate_final", "sampling_rate", "trial_steps"]
+__all__ += ["rdp_to_epsilon", "FILTER_SLACK", "Filter", "RdpFilter", "RdpFilterDpEvent", "admits", "filter_bound", "filter_schedule", "filter_text", "segment_costs",
+            "segment_events"]

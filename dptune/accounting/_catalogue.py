@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from dp_accounting import dp_event as de
 
-from dptune.accounting._rules import Composed, Poisson, StoppingRule, TruncatedNegativeBinomial
+from dptune.accounting._rules import Composed, Filter, Poisson, StoppingRule, TruncatedNegativeBinomial
 from dptune.config import PrivacySpec, stopping
 from dptune.errors import ConfigError
 
@@ -43,7 +43,7 @@ def register_rule(cls: type[StoppingRule]) -> type[StoppingRule]:
     if not (isinstance(cls, type) and issubclass(cls, StoppingRule)) or inspect.isabstract(cls):
         raise ValueError(f"{cls!r} is not a concrete StoppingRule subclass")
     info = stopping.RuleInfo(name=cls.name, summary=cls.summary(), random_stopping=cls.random_stopping,
-                             settings=cls.setting_names(), build=cls.from_settings)
+                             settings=cls.setting_names(), build=cls.from_settings, mode=cls.accounting)
     stopping.check(info)
     clash = sorted(set(info.settings[1:]) & {f.name for f in dataclasses.fields(PrivacySpec)})
     if clash:
@@ -88,6 +88,7 @@ def _check_events(cls: type[StoppingRule]) -> None:
 register_rule(Poisson)
 register_rule(TruncatedNegativeBinomial)
 register_rule(Composed)
+register_rule(Filter)
 
 
 def stopping_rule(name: str, *, mean: float, **settings: float) -> StoppingRule:
@@ -108,8 +109,9 @@ def rule_of(privacy: PrivacySpec) -> StoppingRule:
 
 
 def comparison_rules(mean: float) -> list[StoppingRule]:
-    """Every rule's standard variants at mean ``mean`` (composition at the rounded mean), in catalogue order."""
-    return [rule for cls in STOPPING_RULES.values() for rule in cls.variants(mean)]
+    """Every rule's standard variants at mean ``mean`` (composition at the rounded mean), in catalogue order; not the
+    RDP filter's, which prices ASHA's segments and no search of whole trials."""
+    return [rule for cls in STOPPING_RULES.values() if cls.accounting != "filter" for rule in cls.variants(mean)]
 
 
 def alternative_rules(rule: StoppingRule) -> list[StoppingRule]:

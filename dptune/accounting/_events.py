@@ -10,7 +10,9 @@ adds three event types, all defined here so the one JSON allow-list below names 
   (Zhu & Wang 2019, Thm. 6; Koskela & Kulkarni 2023 for the whole search, see ``_subsample``);
 * :class:`NoisyMaxDpEvent`: report-noisy-max with Gumbel noise over validation correct-counts — the
   exponential mechanism, whose one release (the index of the best candidate) costs the same however many
-  candidates it chooses among (``privacy.selection: noisy_max``).
+  candidates it chooses among (``privacy.selection: noisy_max``);
+* :class:`RdpFilterDpEvent`: fully adaptive mechanisms admitted by an RDP filter (ASHA's rung segments,
+  ``privacy.stopping: filter``), charged at the filter's bound, RDP only.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from dptune.errors import ConfigError, check_positive, check_unit_interval
 
 __all__ = [
     "NoisyMaxDpEvent",
+    "FILTER_SLACK",
+    "RdpFilterDpEvent",
     "SubsampledMechanismDpEvent",
     "WorstCaseDpEvent",
     "event_from_json",
@@ -69,6 +73,23 @@ class NoisyMaxDpEvent(de.DpEvent):
     gumbel_scale: float
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RdpFilterDpEvent(de.DpEvent):
+    """Mechanisms chosen fully adaptively (which runs next, and its parameters, may depend on every earlier
+    output), each admitted only while the sum of the admitted mechanisms' RDP curves stays at or below the RDP
+    curve of ``budget`` at every order of ``dptune.accounting.ORDERS`` (fixed before the first is run): an RDP
+    filter (Feldman & Zrnic 2021, Thm. 3.1; Whitehouse et al. 2023). The whole is (α, RDP_budget(α))-RDP at each
+    order, and that is all: it is charged at ``budget``'s RDP curve (times 1 + ``FILTER_SLACK``, the admission's
+    float tolerance) and converted from RDP only (no PLD)."""
+
+    budget: de.DpEvent
+
+
+# the filter's admission tolerance, relative: curves summed in floats may exceed the bound's own float by rounding
+# (segments of N full trials sum to N trials' curve within ~1e-15); the charge includes it (``_rdp.rdp_of``)
+FILTER_SLACK = 1e-12
+
+
 def with_selection(search: de.DpEvent, selection: NoisyMaxDpEvent | None) -> de.DpEvent:
     """A search's charge: its trials, composed with the one selection release when it is a noisy max."""
     return search if selection is None else de.ComposedDpEvent([search, selection])
@@ -93,8 +114,9 @@ def score_event(*, score_noise: float | None) -> de.DpEvent:
 
 
 def trial_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
-                score_noise: float | None) -> de.DpEvent:
-    """One trial: T steps of Poisson-sampled Gaussian (DP-SGD) composed with the score release."""
+                score_noise: float | None, scores: int = 1) -> de.DpEvent:
+    """One trial: T steps of Poisson-sampled Gaussian (DP-SGD) composed with its score releases (one; an ASHA
+    trial one at each rung)."""
     check_positive("noise_multiplier", noise_multiplier, "choose sigma > 0")
     check_unit_interval("sampling_rate", sampling_rate, "choose q = B/n in (0, 1]", include_one=True)
     if isinstance(steps, bool) or int(steps) != steps or steps < 1:
@@ -104,7 +126,12 @@ def trial_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
     sgd = de.SelfComposedDpEvent(
         de.PoissonSampledDpEvent(float(sampling_rate), de.GaussianDpEvent(float(noise_multiplier))), int(steps)
     )
-    return de.ComposedDpEvent([sgd, score_event(score_noise=score_noise)])
+    if isinstance(scores, bool) or int(scores) != scores or scores < 1:
+        raise ConfigError("scores", f"{scores!r} is not an integer >= 1", "release at least one score")
+    score = score_event(score_noise=score_noise)
+    if scores > 1 and score_noise is not None:
+        score = de.SelfComposedDpEvent(score, int(scores))
+    return de.ComposedDpEvent([sgd, score])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,7 +141,7 @@ _ALLOWED: Mapping[str, type[de.DpEvent]] = MappingProxyType({
     c.__name__: c
     for c in (de.NoOpDpEvent, de.GaussianDpEvent, de.PoissonSampledDpEvent, de.SelfComposedDpEvent,
               de.ComposedDpEvent, de.RepeatAndSelectDpEvent, WorstCaseDpEvent, SubsampledMechanismDpEvent,
-              NoisyMaxDpEvent)
+              NoisyMaxDpEvent, RdpFilterDpEvent)
 })
 
 

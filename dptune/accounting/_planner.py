@@ -36,10 +36,11 @@ class TrialPoint:
     sampling_rate: float
     steps: int
     score_noise: float | None
+    scores: int = 1  # score releases: one, or one per ASHA rung
 
     def event(self) -> de.DpEvent:
         return trial_event(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
-                           steps=self.steps, score_noise=self.score_noise)
+                           steps=self.steps, score_noise=self.score_noise, scores=self.scores)
 
 
 def _sigma_values(space: SearchSpace, sigma_low: float | None) -> list[float]:
@@ -90,7 +91,7 @@ def reachable_points(space: SearchSpace, n_train: float, *, sigma_low: float | N
                     steps = trial_steps(epochs=float(ep), batch_size=int(b), basis=basis)
                     s = sigma if weights is None else max(SIGMA_FLOOR_RANGE[0], sigma * weights[int(b), float(ep)])
                     points.add(TrialPoint(noise_multiplier=float(s), sampling_rate=q, steps=steps,
-                                          score_noise=space.fixed.score_noise))
+                                          score_noise=space.fixed.score_noise, scores=len(space.rungs)))
     except ConfigError as e:
         if tune_fraction == 1:
             raise
@@ -115,9 +116,9 @@ def transfer_weights(space: SearchSpace, basis: float) -> dict[tuple[int, float]
 def worst_case_event(points: list[TrialPoint]) -> de.DpEvent:
     """One trial of a random search over ``points``, charged at the pointwise maximum of their curves."""
     # Among points with the same (σ, q, score noise) only the most steps matter.
-    best: dict[tuple[float, float, float | None], TrialPoint] = {}
+    best: dict[tuple[float, float, float | None, int], TrialPoint] = {}
     for p in points:
-        key = (p.noise_multiplier, p.sampling_rate, p.score_noise)
+        key = (p.noise_multiplier, p.sampling_rate, p.score_noise, p.scores)
         if key not in best or p.steps > best[key].steps:
             best[key] = p
     events = [p.event() for p in sorted(best.values())]

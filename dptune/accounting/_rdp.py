@@ -22,7 +22,13 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
 from dptune.accounting._amplify import poisson_subsampled_rdp
 from dptune.accounting._convert import ORDERS, rdp_to_epsilon
-from dptune.accounting._events import NoisyMaxDpEvent, SubsampledMechanismDpEvent, WorstCaseDpEvent
+from dptune.accounting._events import (
+    FILTER_SLACK,
+    NoisyMaxDpEvent,
+    RdpFilterDpEvent,
+    SubsampledMechanismDpEvent,
+    WorstCaseDpEvent,
+)
 from dptune.accounting._psg import poisson_gaussian_rdp
 from dptune.accounting._stopping import random_stopping_rdp
 
@@ -68,6 +74,8 @@ def rdp_of(event: de.DpEvent) -> np.ndarray:
         return np.minimum(ORDERS / (8 * beta**2), 1 / beta)
     if isinstance(event, SubsampledMechanismDpEvent):
         return poisson_subsampled_rdp(ORDERS, rdp_of(event.event), fraction=event.fraction)
+    if isinstance(event, RdpFilterDpEvent):  # the filter's bound at each order (Feldman & Zrnic 2021, Thm. 3.1)
+        return rdp_of(event.budget) * (1 + FILTER_SLACK)  # with the admission's float tolerance
     raise TypeError(f"dptune cannot account for {type(event).__name__}")
 
 

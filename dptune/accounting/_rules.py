@@ -29,10 +29,11 @@ import numpy as np
 from dp_accounting import dp_event as de
 
 from dptune.accounting._convert import ORDERS
+from dptune.accounting._events import FILTER_SLACK, RdpFilterDpEvent
 from dptune.accounting._stopping import draw_tnb, random_stopping_rdp, tnb_gamma
 from dptune.errors import ConfigError
 
-__all__ = ["Composed", "Poisson", "StoppingRule", "TruncatedNegativeBinomial"]
+__all__ = ["Composed", "Filter", "Poisson", "StoppingRule", "TruncatedNegativeBinomial"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +43,7 @@ class StoppingRule(abc.ABC):
 
     name: ClassVar[str]  # the catalogue key (``privacy.stopping`` of a search space) and describe()["rule"]
     random_stopping: ClassVar[bool]  # K random (Papernot-Steinke): valid for non-adaptive search only
+    accounting: ClassVar[str] = ""  # the accounting mode it implies, when not random_stopping/composed
     mean: float  # E[K], or the fixed number of trials
 
     def __post_init__(self) -> None:
@@ -231,3 +233,56 @@ class Composed(StoppingRule):
 
     def family(self) -> str:
         return "composition (K fixed, every trial charged)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Filter(StoppingRule):
+    """An RDP filter of ``mean`` full-length trials' worth: ASHA's rung segments run while they fit (fully adaptive)."""
+
+    name: ClassVar[str] = "filter"
+    random_stopping: ClassVar[bool] = False
+    accounting: ClassVar[str] = "filter"  # not composed: the trials are not fixed in advance, their segments are admitted
+    max_configs: int = 0  # the most configurations the sealed draw prepares (0: 27 per full trial's worth)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mean != int(self.mean):
+            raise ConfigError("privacy.mean", f"{self.mean!r} is not a whole number of full trials",
+                              "give the filter's bound as a whole number of full-length trials")
+        if isinstance(self.max_configs, bool) or not isinstance(self.max_configs, int) or self.max_configs < 0:
+            raise ConfigError("privacy.max_configs", f"{self.max_configs!r} is not a whole number >= 0",
+                              "give the most configurations to draw, or 0 for 27 per full trial's worth")
+
+    @classmethod
+    def variants(cls, mean: float) -> tuple[StoppingRule, ...]:
+        return (cls(mean=max(1, round(mean))),)
+
+    @classmethod
+    def from_search_event(cls, event: de.DpEvent) -> tuple[de.DpEvent, StoppingRule] | None:
+        if isinstance(event, RdpFilterDpEvent) and isinstance(event.budget, de.SelfComposedDpEvent):
+            return event.budget.event, cls(mean=float(event.budget.count))
+        return None
+
+    def search_event(self, trial_event: de.DpEvent) -> de.DpEvent:
+        """The filter's bound: the RDP curve of ``mean`` full-length worst-case trials (every rung's score released),
+        which the admitted segments' curves never exceed at any order."""
+        return RdpFilterDpEvent(de.SelfComposedDpEvent(trial_event, int(math.ceil(self.mean))))
+
+    def search_rdp(self, trial_rdp: np.ndarray) -> np.ndarray:
+        return int(math.ceil(self.mean)) * np.asarray(trial_rdp, dtype=np.float64) * (1 + FILTER_SLACK)
+
+    def draw_k(self, rng: np.random.Generator) -> int:
+        """Not a number of trials (the filter decides how many run, curator-side): the configurations drawn."""
+        return self.max_configs or 27 * int(math.ceil(self.mean))
+
+    def describe(self) -> dict[str, Any]:
+        return {"rule": self.name, "mean": float(self.mean), "full_trials_worth": int(math.ceil(self.mean)),
+                "orders": [float(a) for a in ORDERS],
+                "accounting": "RDP filter (Feldman & Zrnic 2021, Thm. 3.1): rung segments and rung scores admitted "
+                              "while their RDP sum stays within the bound at every order; converted from RDP only"}
+
+    def label(self) -> str:
+        return f"filter({self.mean:g} full trials)"
+
+    def family(self) -> str:
+        return "RDP filter (ASHA)"

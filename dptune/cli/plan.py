@@ -27,6 +27,7 @@ from dptune.accounting import (
     alternative_rules,
     clipping_sensitivity,
     epsilon,
+    filter_schedule,
     plan_search,
     plan_transfer,
     sigma_floor,
@@ -163,20 +164,16 @@ def _space_plan(args: argparse.Namespace) -> tuple[Plan, SearchSpace]:
 
 def _per_example(space: SearchSpace) -> SearchSpace:
     """``space`` with per-example clipping wherever it clips the batch (the same σ, q, T, score noise)."""
-    fixed = space.fixed.replace(clipping="auto")
     rest = {k: v for k, v in space.space.items() if k != "clipping"}
-    return dataclasses.replace(space, fixed=fixed, default=space.default.replace(clipping="auto"), space=rest)
+    return dataclasses.replace(space, fixed=space.fixed.replace(clipping="auto"),
+                               default=space.default.replace(clipping="auto"), space=rest)
 
 
 def _summary(plan: Plan) -> dict[str, Any]:
     worst = max(plan.points, key=lambda p: (p.sampling_rate, p.steps))
     return {
-        "trial_epsilon": plan.trial_epsilon,
-        "search_epsilon": plan.search_epsilon,
-        "delta": plan.delta,
-        "stopping": plan.stopping.describe(),
-        "stopping_label": plan.stopping.label(),
-        "alternatives": plan.alternatives,
+        "trial_epsilon": plan.trial_epsilon, "search_epsilon": plan.search_epsilon, "delta": plan.delta,
+        "stopping": plan.stopping.describe(), "stopping_label": plan.stopping.label(), "alternatives": plan.alternatives,
         "worst_case": {"noise_multiplier": worst.noise_multiplier, "points": len(plan.points),
                        "max_sampling_rate": max(p.sampling_rate for p in plan.points),
                        "max_steps": max(p.steps for p in plan.points), "score_noise": worst.score_noise},
@@ -195,14 +192,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--tune-fraction", "needs a search space", "pass --space FILE")
         if args.target_epsilon is not None and not (math.isfinite(args.target_epsilon) and args.target_epsilon > 0):
             raise ConfigError("--target-epsilon", f"{args.target_epsilon!r} must be > 0", "choose e.g. 4")
-        space = None
-        if args.space or args.data:
-            plan, space = _space_plan(args)
-        else:
-            plan = _explicit_plan(args)
+        plan, space = _space_plan(args) if args.space or args.data else (_explicit_plan(args), None)
         out = _summary(plan)
         if space is not None:
             out["tune_fraction"] = space.tune_fraction
+            if space.scheduler == "asha":  # what the RDP filter admits, rung by rung
+                out["asha"] = filter_schedule(space, plan)
             if space.auto is not None:  # space: auto: the derived space, as the search shows and releases it
                 from dptune.release import public_auto
                 out["auto"] = public_auto(space)
@@ -355,6 +350,8 @@ def _print(out: dict[str, Any]) -> None:
         print(f"search on a Poisson subsample of {out['tune_fraction']:g} of the training data "
               "(Zhu & Wang 2019, Thm. 6; score releases on the full validation split are not amplified)")
     print(f"whole search, {out['stopping_label']}:  epsilon = {out['search_epsilon']:.4f} at delta = {out['delta']:g}")
+    if "asha" in out:
+        print(out["asha"]["text"])
     print("other stopping rules at the same mean, side by side:")
     for label, eps in out["alternatives"].items():
         print(f"  {label:<34} epsilon = {eps:.4f}")

@@ -21,7 +21,7 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
            "check_trial_score_noise"]
 
 SELECTIONS = ("best_score", "noisy_max")
-ACCOUNTING_MODES = ("random_stopping", "composed")
+ACCOUNTING_MODES = ("random_stopping", "composed", "filter")
 SEARCHERS = _searchers.SEARCHERS  # the live registry (dptune.config.searchers): a searcher registered later is a valid name
 SCHEDULERS = ("fifo", "asha")  # asha: planned, refused until it is charged per rung (check_space)
 # Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
@@ -50,9 +50,6 @@ def check_space(s: SearchSpace) -> None:
     for key, allowed in (("accounting", ACCOUNTING_MODES), ("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
         if getattr(s, key) not in allowed:
             raise ConfigError(f"search.{key}", f"unknown {key} {getattr(s, key)!r}", f"use one of: {', '.join(allowed)}")
-    if s.scheduler != "fifo":
-        raise ConfigError("search.scheduler", f"{s.scheduler!r} is not implemented yet",
-                          "use scheduler: fifo (ASHA would release a noised score per rung, each to be charged)")
     check_dataset(s.dataset)
     for section, cfg in (("fixed", s.fixed), ("default", s.default)):
         if cfg.seed != 0:
@@ -152,13 +149,36 @@ def check_adaptive(s: SearchSpace) -> None:
                           f"{s.accounting} accounting", "set privacy.stopping: composed and privacy.mean to the "
                           "number of trials (every trial charged; search --trials N)"
                           + (", or use the random searcher" if sr.adaptive else ""))
-    if s.scheduler == "asha" and s.accounting != "composed":
-        raise ConfigError("privacy.stopping", "ASHA is adaptive: trials depend on earlier private scores, which the "
-                          "Papernot-Steinke random-stopping theorem does not cover",
-                          "set privacy.stopping: composed and privacy.mean to the number of trials")
+    check_asha(s)
     check_transfer(s)
     check_selection(s)
     sr.check(s)
+
+
+def check_asha(s: SearchSpace) -> None:
+    """Rule 7 for the scheduler: ASHA compares trials by their noised rung scores, so which trial trains on depends on
+    the others' releases; random stopping does not cover it, an RDP filter does (``privacy.stopping: filter``, the
+    only mode it runs under; docs/accountant.md). The filter admits rung segments of one fixed length schedule: a
+    random searcher's configs, fixed whole epochs, no subsample tuning, transfer or noisy max."""
+    if s.scheduler != "asha":
+        if s.accounting == "filter":
+            raise ConfigError("privacy.stopping", "the filter admits ASHA's rung segments; with scheduler fifo every "
+                              "trial runs to its end", "set search.scheduler: asha, or another privacy.stopping")
+        return
+    if s.accounting != "filter":
+        raise ConfigError("search.scheduler", f"ASHA is adaptive (which trial trains on depends on the others' noised "
+                          f"scores), which {s.accounting} accounting does not cover", "set privacy.stopping: filter "
+                          "and privacy.mean to the full-length trials' worth it may spend (an RDP filter: the valid "
+                          "mode for ASHA), or search.scheduler: fifo")
+    for bad, field, fix in ((s.searcher != "random", "search.searcher", "use the random searcher with ASHA"),
+                            ("epochs" in s.space, "space.epochs", "fix epochs: ASHA's rungs are epochs of one schedule"),
+                            (s.fixed.epochs != int(s.fixed.epochs) or s.fixed.epochs < s.grace_period,
+                             "fixed.epochs", f"give whole epochs >= search.grace_period ({s.grace_period})"),
+                            (s.tune_fraction != 1, "search.tune_fraction", "remove it (1) with ASHA"),
+                            (s.transfers, "privacy.search_share", "remove it with ASHA"),
+                            (s.privacy.selection != "best_score", "privacy.selection", "use best_score with ASHA")):
+        if bad:
+            raise ConfigError(field, "is not supported with search.scheduler: asha", fix)
 
 
 def check_selection(s: SearchSpace) -> None:

@@ -208,12 +208,19 @@ def _parse_trials(raw: Mapping[str, Any], score_noise: float | None
 
 def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any]:
     search_raw = _section(raw, "search", ("accounting", "searcher", "scheduler", "tune_fraction", "lr_reference_batch",
-                                           "lr_batch_power"))
+                                           "lr_batch_power", "grace_period", "reduction_factor"))
     out = {"searcher": search_raw.get("searcher", "random"), "scheduler": search_raw.get("scheduler", "fifo")}
     for key, allowed in (("searcher", SEARCHERS), ("scheduler", SCHEDULERS)):
         if out[key] not in allowed:
             raise ConfigError(f"search.{key}", f"unknown {key} {out[key]!r}", f"use one of: {', '.join(allowed)}")
     check_accounting("search.accounting", search_raw.get("accounting"), privacy.stopping)
+    for key, low in (("grace_period", 1), ("reduction_factor", 2)):
+        if key in search_raw:
+            v = search_raw[key]
+            if out["scheduler"] != "asha" or isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"search.{key}", f"{v!r} is ASHA's (search.scheduler: asha), a whole number >= {low}",
+                                  f"give a whole number >= {low} beside scheduler: asha, or remove it")
+            out[key] = v
     tune_fraction = coerce_value("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
     out["tune_fraction"] = check_unit_interval("search.tune_fraction", tune_fraction, "choose e.g. 0.25, or 1 for off",
                                                include_one=True)

@@ -12,7 +12,7 @@ import math
 
 from dptune.errors import ConfigError, check_positive
 
-__all__ = ["sampling_rate", "trial_steps"]
+__all__ = ["asha_rungs", "rung_steps", "sampling_rate", "trial_steps"]
 
 
 def sampling_rate(*, batch_size: int, basis: float) -> float:
@@ -34,3 +34,22 @@ def trial_steps(*, epochs: float, batch_size: int, basis: float) -> int:
     sampling_rate(batch_size=batch_size, basis=basis)
     return max(1, math.ceil(epochs * basis / batch_size - 1e-9))
 
+
+
+def asha_rungs(*, epochs: float, grace_period: int, reduction_factor: int) -> tuple[int, ...]:
+    """ASHA's milestones in epochs (Li et al., MLSys 2020; Ray Tune's ``ASHAScheduler`` with one bracket): grace·η^k
+    below the trial's epochs, then its last epoch. A trial releases one noised score at each (its rung scores)."""
+    rungs: list[int] = []
+    r = int(grace_period)
+    while r < epochs:
+        rungs.append(r)
+        r *= int(reduction_factor)
+    return (*rungs, int(math.ceil(epochs)))
+
+
+def rung_steps(*, epochs: float, batch_size: int, basis: float, rungs: tuple[int, ...]) -> tuple[int, ...]:
+    """The DP-SGD steps a trial has run when it reaches each rung: each epoch runs ⌈basis / B⌉ steps, and the trial
+    T in all (the trainer's loop); the last rung's is T."""
+    per_epoch = max(1, math.ceil(basis / batch_size))
+    total = trial_steps(epochs=epochs, batch_size=batch_size, basis=basis)
+    return tuple(min(total, r * per_epoch) for r in rungs)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import optuna.distributions as od
 
-from dptune.config import clipping, specs, stopping
+from dptune.config import clipping, params, specs, stopping
 from dptune.config.planner import PlannerSpec
 from dptune.errors import ConfigError, check_positive
 
@@ -318,7 +319,10 @@ class SearchSpace:
         default: The config released when the search draws K = 0 trials (``fixed:`` with ``default:``).
         privacy: The privacy settings (``privacy:``).
         searcher: How trials are chosen (``docs/searchers.md``).
-        scheduler: ``fifo``, every trial runs to its end; ``asha`` is refused until it is charged per rung.
+        scheduler: ``fifo``, every trial runs to its end; ``asha``, Ray Tune's ASHAScheduler stops the trials whose
+            noised rung scores lag (with ``privacy.stopping: filter``: an RDP filter admits each rung segment).
+        grace_period: ASHA's first rung, in epochs.
+        reduction_factor: ASHA's η: a trial goes on past a rung when its noised score is in the top 1/η there.
         tune_fraction: Run the search on a Poisson subsample of this fraction of the training split (1: off).
         lr_reference_batch: With a search that plans its final run: the searched learning rate L is the final
             run's at this batch size, and a config of batch size B trains at L·(B/``lr_reference_batch``)^p
@@ -340,6 +344,8 @@ class SearchSpace:
     privacy: PrivacySpec
     searcher: str = "random"
     scheduler: str = "fifo"
+    grace_period: int = 1  # asha: the first rung (epochs)
+    reduction_factor: int = 3  # asha: η
     tune_fraction: float = 1.0
     lr_reference_batch: int | None = None  # the searched lr is the final run's at this batch size (linear scaling)
     lr_batch_power: float = 1.0  # lr = L·(B/lr_reference_batch)^lr_batch_power
@@ -374,6 +380,14 @@ class SearchSpace:
         sn = None if self.dataset.public_validation else privacy.trial_score_noise
         return dataclasses.replace(self, privacy=privacy, fixed=self.fixed.replace(score_noise=sn),
                                    default=self.default.replace(score_noise=sn))
+
+    @property
+    def rungs(self) -> tuple[int, ...]:
+        """The epochs at which a trial releases a noised score: ASHA's rungs, or its last epoch alone (fifo)."""
+        epochs = self.fixed.epochs
+        if self.scheduler != "asha":
+            return (int(math.ceil(epochs)),)
+        return params.asha_rungs(epochs=epochs, grace_period=self.grace_period, reduction_factor=self.reduction_factor)
 
     def trial_config(self, params: Mapping[str, Any], seed: int) -> TrialConfig:
         """The trial config for sampled hyperparameters ``params``."""

@@ -45,10 +45,11 @@ class RuleInfo:
     random_stopping: bool
     settings: tuple[str, ...]
     build: Callable[[Mapping[str, Any]], Any]
+    mode: str = ""  # the accounting it implies when neither of the two below (the RDP filter: ``filter``)
 
     @property
     def accounting(self) -> str:
-        return "random_stopping" if self.random_stopping else "composed"
+        return self.mode or ("random_stopping" if self.random_stopping else "composed")
 
 
 _RULES: dict[str, RuleInfo] = {}

@@ -27,6 +27,7 @@ from dptune.dpsgd._guard import guarded_clipping
 from dptune.dpsgd._loop import padded_rows, padded_size, physical_batches
 from dptune.dpsgd._optim import NoiseMeter
 from dptune.dpsgd._release import ScoreRelease
+from dptune.dpsgd._rungs import FilterRefused, run_rungs
 from dptune.dpsgd._state import load_model, save_model
 from dptune.dpsgd._streams import TrialStreams
 from dptune.dpsgd._trial import TrialResult, init_model, run_trial
@@ -52,6 +53,8 @@ __all__ = [
     "group_probe",
     "guarded_clipping",
     "init_model",
+    "run_rungs",
+    "FilterRefused",
     "layer_constants",
     "load_model",
     "make_engine",

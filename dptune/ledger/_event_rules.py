@@ -35,6 +35,7 @@ EVENT_RULES: dict[str, dict[str, str]] = {
     "WorstCaseDpEvent": {"events": "events+"},
     "SubsampledMechanismDpEvent": {"event": "event", "fraction": "probability"},
     "NoisyMaxDpEvent": {"gumbel_scale": "positive"},
+    "RdpFilterDpEvent": {"budget": "event"},
 }
 
 _NEEDS = {"count": "an integer >= 1", "positive": "a finite number > 0", "probability": "a number in (0, 1]",

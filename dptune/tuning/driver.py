@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna.distributions as od
 
-from dptune.accounting import Plan, TransferPlan, plan_search, plan_transfer
+from dptune.accounting import Plan, TransferPlan, filter_bound, plan_search, plan_transfer
 from dptune.config import (
     DatasetSpec,
     PrivacySpec,
@@ -255,7 +255,8 @@ def _run_trials(req: SearchRequest, run: RunDir, p: _Prepared, draw: Draw,
         run.write_state(status="running", dashboard=dashboard)
         rows = runner.run_trials(req.space, draw, data, run, opts, show_trials=req.show_trials,
                                  resume=req.resume, sampling_basis=f * p.n_train if f < 1 else None,
-                                 charged_points=p.plan.points, transfer=p.transfer)
+                                 charged_points=p.plan.points, transfer=p.transfer,
+                                 filter_budget=filter_bound(p.plan.search_event))
     return rows, dashboard
 
 

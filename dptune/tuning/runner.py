@@ -28,11 +28,12 @@ from dptune.config import SearchSpace
 from dptune.config.searchers import searcher
 from dptune.rundir import RunDir
 from dptune.trials import TrialRow
+from dptune.tuning import asha
 from dptune.tuning.draw import Draw
 from dptune.tuning.options import RayOptions, gpus_per_trial
 from dptune.tuning.raylog import SealedLog, sealed_ray_logs
 from dptune.tuning.search_alg import search_alg
-from dptune.tuning.trainable import dptune_group, dptune_trial
+from dptune.tuning.trainable import dptune_asha_trial, dptune_group, dptune_trial
 
 __all__ = ["InfrastructureFailure", "SearchFailed", "SearchInterrupted", "make_tuner", "progress", "run_trials",
            "sealed_ray_logs"]
@@ -176,7 +177,7 @@ def _sigterm_as_sigint() -> Iterator[None]:
 
 
 def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: SealedLog, opts: RayOptions,
-           resume: bool, groups: list[list[int]] | None = None) -> tune.Tuner:
+           resume: bool, groups: list[list[int]] | None = None, sched: Any = None) -> tune.Tuner:
     storage: Path | str = opts.storage_path or run.ray_dir.resolve()  # never a relative path (ArrowInvalid)
     name = str(run.read_state().get("tune_experiment", "tune"))
     exp_dir = f"{str(storage).rstrip('/')}/{name}" if isinstance(storage, str) else str(storage / name)
@@ -195,7 +196,7 @@ def _tuner(space: SearchSpace, draw: Draw, run: RunDir, trainable: Any, log: Sea
     if groups is not None:  # one Ray trial per group of the draw's trials (a fixed draw: no search algorithm)
         return make_tuner(trainable, len(groups), storage, [log], opts.max_failures, name=name, key="group")
     alg = search_alg(space, draw)  # seeded from the draw's own sampler stream
-    return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg, name=name)
+    return make_tuner(trainable, draw.k, storage, [log], opts.max_failures, alg, sched, name=name)
 
 
 def _log_traceback(run: RunDir) -> str:
@@ -214,7 +215,8 @@ def _log_traceback(run: RunDir) -> str:
 
 def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: RayOptions, *,
                show_trials: bool = False, resume: bool = False, sampling_basis: float | None = None,
-               charged_points: Sequence[Any] = (), transfer: Any = None) -> list[TrialRow]:
+               charged_points: Sequence[Any] = (), transfer: Any = None,
+               filter_budget: Sequence[float] | None = None) -> list[TrialRow]:
     """Run the draw's trials on Ray Tune; one sealed row per trial (``transfer``: each trial runs its final-run
     config at the planned cheap σ_c, lr scaled). Raises :class:`SearchInterrupted` (some trials did not
     finish) or :class:`SearchFailed` (Tune itself failed)."""
@@ -225,14 +227,22 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     decided = "groups" in state  # written before Tune saves anything
     groups = _stored_groups(state["groups"], opts) if decided else None
     if not decided:  # Tune's saved trials are groups or single trials: a resume must run the same layout
-        if opts.group_trials and not adaptive and not opts.save_model:
+        if opts.group_trials and not adaptive and not opts.save_model and space.scheduler != "asha":
             basis = sampling_basis if sampling_basis is not None else float(len(data.train[1]))
             groups = _groups(draw, fixed, transfer, basis, _slots(resources))
         run.write_state(groups=groups)
     common = dict(data=data, slots=draw.trials, fixed=fixed, threads=max(1, int(opts.cpus_per_trial)),
                   checkpoint_every=opts.checkpoint_every, sampling_basis=sampling_basis,
                   charged_points=list(charged_points), transfer=transfer)
-    if groups is not None:
+    sched = None
+    if space.scheduler == "asha":  # Tune's ASHAScheduler on noised rung scores, each segment admitted by the filter
+        assert filter_budget is not None, "an ASHA search runs under its charged filter"
+        actor = asha.start_filter(run.sealed / "filter.json", [float(b) for b in filter_budget])
+        trainable = tune.with_resources(tune.with_parameters(
+            dptune_asha_trial, data=data, slots=draw.trials, fixed=fixed, rungs=space.rungs, filter_actor=actor,
+            threads=common["threads"], charged_points=common["charged_points"]), resources)
+        sched = asha.scheduler(space)
+    elif groups is not None:
         trainable = tune.with_resources(tune.with_parameters(dptune_group, groups=groups, **common), resources)
     else:
         trainable = tune.with_resources(
@@ -241,7 +251,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     log = SealedLog(run.sealed / "logs" / "trials.log", show_trials, groups)
     try:
         with progress(show_trials), _sigterm_as_sigint(), _legacy_output():
-            grid = _tuner(space, draw, run, trainable, log, opts, resume, groups).fit()
+            grid = _tuner(space, draw, run, trainable, log, opts, resume, groups, sched).fit()
     except Exception as e:  # a traceback can carry a running trial's config: sealed/logs only
         where = _log_traceback(run)
         raise SearchFailed(f"Ray Tune failed ({type(e).__name__}); {where}") from None
@@ -296,7 +306,7 @@ def _rows(grid: Any, draw: Draw, log: SealedLog, adaptive: bool, checkpoints: Pa
           groups: list[list[int]] | None = None) -> tuple[list[TrialRow], int, list[str]]:
     """(finished rows, trials not finished, errors of trials that failed for infrastructure reasons)."""
     rows: list[TrialRow] = []
-    unfinished = 0
+    unfinished = skipped = 0
     errors: list[str] = []
     for i in range(len(grid)):
         res = grid[i]
@@ -319,6 +329,8 @@ def _rows(grid: Any, draw: Draw, log: SealedLog, adaptive: bool, checkpoints: Pa
         if res.error is not None:  # retries exhausted: infrastructure, not a result (reruns on --resume)
             errors.append(str(res.error))
             unfinished += 1
+        elif m.get("not_run"):  # ASHA: the filter refused its first segment; it touched no data: no row
+            skipped += 1
         elif not m.get("final"):
             unfinished += 1  # stopped by an interrupt before its final report
         else:
@@ -326,6 +338,6 @@ def _rows(grid: Any, draw: Draw, log: SealedLog, adaptive: bool, checkpoints: Pa
             if checkpoints is not None and res.checkpoint is not None:  # from any storage (local, NFS, s3://)
                 ckpt = res.checkpoint.to_directory(str(checkpoints / str(index)))
             rows.append(TrialRow.from_metrics(index, seed, m, 1 + log.recoveries.get(index, 0), ckpt))
-    if len(rows) + unfinished < draw.k:
-        unfinished += draw.k - len(rows) - unfinished  # never started
+    if len(rows) + unfinished + skipped < draw.k:
+        unfinished += draw.k - len(rows) - unfinished - skipped  # never started
     return rows, unfinished, errors

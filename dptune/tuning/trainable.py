@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
 
-from dptune.config import TrialConfig
+from dptune.config import TrialConfig, clipping
 
-__all__ = ["dptune_group", "dptune_trial"]
+__all__ = ["dptune_asha_trial", "dptune_group", "dptune_trial"]
 
 
 def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
@@ -207,3 +208,48 @@ def _adaptive_seed(base: int) -> int:
     # keyed by the draw's 128-bit secret stream: as unpredictable as an OS draw, and replayed on resume
     digest = hashlib.sha256(f"{base}:{trial_id}".encode()).digest()
     return int.from_bytes(digest[:16], "big")
+
+
+def dptune_asha_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
+                      rungs: tuple[int, ...], filter_actor: Any, threads: int = 1,
+                      charged_points: list[Any] | None = None) -> None:
+    """One configuration of the sealed draw (``trial_index``), trained rung segment by rung segment."""
+    import torch
+
+    from dptune import dpsgd
+    from dptune.accounting import segment_costs
+    from dptune.config.params import rung_steps
+
+    started = time.time()
+    torch.set_num_threads(threads)
+    index = int(config["trial_index"])
+    slot = slots[index]
+    params = dict(slot["params"])
+    cfg = TrialConfig.from_dict({**fixed, **params, "seed": int(slot["seed"])})
+    work = _work_dir()
+    try:
+        attempts = _restore(work)
+        mode, _ = dpsgd.guarded_clipping(cfg, data.num_classes, data.input_shape)
+        basis = float(len(data.train[1]))
+        costs = segment_costs(noise_multiplier=cfg.noise_multiplier / clipping.sensitivity(mode),
+                              sampling_rate=cfg.batch_size / basis, score_noise=cfg.score_noise,
+                              rung_steps=rung_steps(epochs=cfg.epochs, batch_size=cfg.batch_size, basis=basis,
+                                                    rungs=rungs))
+
+        def admit(k: int) -> bool:
+            return bool(ray.get(filter_actor.admit.remote(f"{index}/{k}", [float(c) for c in costs[k]])))
+
+        base = {"final": True, "started": started, "trial_index": index, "params": params, "seed": str(slot["seed"]),
+                "node_id": "", "attempts": attempts}
+
+        def report(k: int, result: Any) -> None:
+            metrics = {**base, **_result_metrics(result, "cpu"), "epoch": rungs[k]}
+            metrics["measured"] = {**metrics["measured"], "rung": k, "rungs": len(rungs)}
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(work)))
+
+        result = dpsgd.run_rungs(cfg, data, rungs, admit=admit, report=report, checkpoint_path=work / "trial.pt",
+                                 charged_points=charged_points or None)
+        if result is None:  # refused before its first segment: it touched no data
+            tune.report({"final": True, "not_run": True, "trial_index": index, "epoch": 0, "score": float("-inf")})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -27,7 +27,7 @@ class Searcher(abc.ABC):
     # its configs depend on earlier private scores: Papernot-Steinke random stopping does not cover it (rule 7)
     adaptive: ClassVar[bool] = False
     # the accounting modes valid for it (search.accounting)
-    accounting: ClassVar[tuple[str, ...]] = ("random_stopping", "composed")
+    accounting: ClassVar[tuple[str, ...]] = ("random_stopping", "composed", "filter")
     # its trials are fixed before any runs (``candidates``), each run once: a noisy max may pick among them
     fixed_candidates: ClassVar[bool] = False
     # it plans the final run by construction: privacy.search_share (and target_epsilon) required
