@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dptune.config import TrialConfig  # noqa: E402
-from dptune.dpsgd import make_engine, resolve_clipping  # noqa: E402
-from dptune.dpsgd._checked import checked_model  # noqa: E402
-from dptune.dpsgd._loop import padded_size  # noqa: E402
-from dptune.models import build_model  # noqa: E402
+from dptune.config import TrialConfig
+from dptune.dpsgd import checked_model, make_engine, padded_size, resolve_clipping
+from dptune.models import build_model
 
 MODELS = {"gn_cnn": ((1, 8, 8), 64), "tanh_cnn": ((1, 28, 28), 256), "resnet9": ((3, 32, 32), 32),
           "mlp": ((1, 8, 8), 64)}

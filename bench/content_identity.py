@@ -26,8 +26,8 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from dptune.data._content import column_levels, image_signatures, row_signatures
-from dptune.ledger._budgets import SAME_DATASET_SHARE
+from dptune.data import column_levels, image_signatures, row_signatures
+from dptune.ledger import SAME_DATASET_SHARE
 
 Sigs = list[tuple[bytes, ...]]
 Image8 = np.ndarray  # (H, W) uint8

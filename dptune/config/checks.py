@@ -23,7 +23,7 @@ __all__ = ["ACCOUNTING_MODES", "INTERNAL_FIELDS", "SCHEDULERS", "SEARCHABLE", "S
 SELECTIONS = ("best_score", "noisy_max")
 ACCOUNTING_MODES = ("random_stopping", "composed", "filter")
 SEARCHERS = _searchers.SEARCHERS  # the live registry (dptune.config.searchers): a searcher registered later is a valid name
-SCHEDULERS = ("fifo", "asha")  # asha: planned, refused until it is charged per rung (check_space)
+SCHEDULERS = ("fifo", "asha", "own_curve")  # asha: under the RDP filter; own_curve: each trial stops itself
 # Fields that dptune sets itself and that no space or release may set: the trial's secret entropy, and
 # the basis of q = B/basis (a search on a subsample passes f·n to the trainer, never through a config).
 INTERNAL_FIELDS = ("seed", "sampling_basis")
@@ -158,19 +158,21 @@ def check_adaptive(s: SearchSpace) -> None:
 def check_asha(s: SearchSpace) -> None:
     """Rule 7 for the scheduler: ASHA compares trials by their noised rung scores, so which trial trains on depends on
     the others' releases; random stopping does not cover it, an RDP filter does (``privacy.stopping: filter``, the
-    only mode it runs under; docs/accountant.md). The filter admits rung segments of one fixed length schedule: a
-    random searcher's configs, fixed whole epochs, no subsample tuning, transfer or noisy max."""
-    if s.scheduler != "asha":
-        if s.accounting == "filter":
-            raise ConfigError("privacy.stopping", "the filter admits ASHA's rung segments; with scheduler fifo every "
-                              "trial runs to its end", "set search.scheduler: asha, or another privacy.stopping")
+    only mode it runs under; docs/accountant.md). ``own_curve``: each trial stops itself on its own noised rung
+    scores, one run of a fixed mechanism charged at its worst case (every rung's score): any non-adaptive accounting.
+    Both run rung segments of one fixed schedule: a random searcher's configs, fixed whole epochs, no subsample
+    tuning, transfer or noisy max."""
+    if s.scheduler != "asha" and s.accounting == "filter":
+        raise ConfigError("privacy.stopping", f"the filter admits ASHA's rung segments; with scheduler {s.scheduler} "
+                          "no scheduler compares trials", "set search.scheduler: asha, or another privacy.stopping")
+    if s.scheduler == "fifo":
         return
-    if s.accounting != "filter":
+    if s.scheduler == "asha" and s.accounting != "filter":
         raise ConfigError("search.scheduler", f"ASHA is adaptive (which trial trains on depends on the others' noised "
                           f"scores), which {s.accounting} accounting does not cover", "set privacy.stopping: filter "
                           "and privacy.mean to the full-length trials' worth it may spend (an RDP filter: the valid "
                           "mode for ASHA), or search.scheduler: fifo")
-    for bad, field, fix in ((s.searcher != "random", "search.searcher", "use the random searcher with ASHA"),
+    for bad, field, fix in ((s.searcher != "random", "search.searcher", f"use the random searcher with {s.scheduler}"),
                             ("epochs" in s.space, "space.epochs", "fix epochs: ASHA's rungs are epochs of one schedule"),
                             (s.fixed.epochs != int(s.fixed.epochs) or s.fixed.epochs < s.grace_period,
                              "fixed.epochs", f"give whole epochs >= search.grace_period ({s.grace_period})"),
@@ -178,7 +180,7 @@ def check_asha(s: SearchSpace) -> None:
                             (s.transfers, "privacy.search_share", "remove it with ASHA"),
                             (s.privacy.selection != "best_score", "privacy.selection", "use best_score with ASHA")):
         if bad:
-            raise ConfigError(field, "is not supported with search.scheduler: asha", fix)
+            raise ConfigError(field, f"is not supported with search.scheduler: {s.scheduler}", fix)
 
 
 def check_selection(s: SearchSpace) -> None:

@@ -217,9 +217,9 @@ def _parse_search(raw: Mapping[str, Any], privacy: PrivacySpec) -> dict[str, Any
     for key, low in (("grace_period", 1), ("reduction_factor", 2)):
         if key in search_raw:
             v = search_raw[key]
-            if out["scheduler"] != "asha" or isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"search.{key}", f"{v!r} is ASHA's (search.scheduler: asha), a whole number >= {low}",
-                                  f"give a whole number >= {low} beside scheduler: asha, or remove it")
+            if out["scheduler"] == "fifo" or isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"search.{key}", f"{v!r} is a rung setting (scheduler asha or own_curve), a whole "
+                                  f"number >= {low}", f"give a whole number >= {low} beside such a scheduler, or remove it")
             out[key] = v
     tune_fraction = coerce_value("search.tune_fraction", search_raw.get("tune_fraction", 1.0), float)
     out["tune_fraction"] = check_unit_interval("search.tune_fraction", tune_fraction, "choose e.g. 0.25, or 1 for off",

@@ -320,8 +320,10 @@ class SearchSpace:
         privacy: The privacy settings (``privacy:``).
         searcher: How trials are chosen (``docs/searchers.md``).
         scheduler: ``fifo``, every trial runs to its end; ``asha``, Ray Tune's ASHAScheduler stops the trials whose
-            noised rung scores lag (with ``privacy.stopping: filter``: an RDP filter admits each rung segment).
-        grace_period: ASHA's first rung, in epochs.
+            noised rung scores lag (with ``privacy.stopping: filter``: an RDP filter admits each rung segment);
+            ``own_curve``, each trial stops itself at the first rung whose noised score is not above its previous
+            rung's (random stopping, every rung's score charged).
+        grace_period: ASHA's (and own_curve's) first rung, in epochs.
         reduction_factor: ASHA's η: a trial goes on past a rung when its noised score is in the top 1/η there.
         tune_fraction: Run the search on a Poisson subsample of this fraction of the training split (1: off).
         lr_reference_batch: With a search that plans its final run: the searched learning rate L is the final
@@ -385,7 +387,7 @@ class SearchSpace:
     def rungs(self) -> tuple[int, ...]:
         """The epochs at which a trial releases a noised score: ASHA's rungs, or its last epoch alone (fifo)."""
         epochs = self.fixed.epochs
-        if self.scheduler != "asha":
+        if self.scheduler == "fifo":
             return (int(math.ceil(epochs)),)
         return params.asha_rungs(epochs=epochs, grace_period=self.grace_period, reduction_factor=self.reduction_factor)
 

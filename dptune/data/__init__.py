@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dptune.config import ConfigError, DatasetSpec
 from dptune.data._augment import augment_views
+from dptune.data._content import column_levels, image_signatures, row_signatures
 from dptune.data._loaders import load_digits, load_imagefolder
 from dptune.data._splits import Splits, poisson_subsample
 from dptune.data._table import load_table
 from dptune.data._vision import READERS, check_planned_size, load_vision
 
-__all__ = ["Splits", "augment_views", "check_planned_size", "load_dataset", "poisson_subsample", "train_size"]
+__all__ = ["Splits", "augment_views", "check_planned_size", "column_levels", "image_signatures", "load_dataset",
+           "poisson_subsample", "row_signatures", "train_size"]
 
 
 def load_dataset(spec: DatasetSpec) -> Splits:

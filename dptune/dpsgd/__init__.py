@@ -20,6 +20,7 @@ from dptune.dpsgd._audit import BUGS, AuditHooks
 from dptune.dpsgd._batchclip import BatchClipEngine
 from dptune.dpsgd._bookkeeping import BookKeepingEngine
 from dptune.dpsgd._charge import ChargeMismatch
+from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._engines import AUTO_CLIPPING, ENGINES, Engine, engine_mode, make_engine, resolve_clipping
 from dptune.dpsgd._group import ACCELERATOR_LANES, TrialCrash, architecture_key, run_group
 from dptune.dpsgd._groupprobe import group_probe
@@ -52,6 +53,7 @@ __all__ = [
     "engine_mode",
     "group_probe",
     "guarded_clipping",
+    "checked_model",
     "init_model",
     "run_rungs",
     "FilterRefused",

@@ -6,6 +6,7 @@ CLI: ``python -m dptune.cli.ledger {check,history,upgrade,show,set-budget,new-bu
 
 from dptune.ledger._backend import LedgerUnavailable
 from dptune.ledger._budgets import (
+    SAME_DATASET_SHARE,
     BudgetMatch,
     adopt_identity,
     adopt_records,
@@ -24,7 +25,7 @@ from dptune.ledger._postgres import setup_missing
 from dptune.ledger._postgres import upgrade as upgrade_schema
 from dptune.ledger._store import BudgetExceeded, Charge, Ledger, default_ledger_path, event_sha256
 
-__all__ = ["ADMIN_ROLE", "BudgetExceeded", "BudgetMatch", "CURATOR_ROLE", "Charge", "Finding", "Ledger",
+__all__ = ["ADMIN_ROLE", "SAME_DATASET_SHARE", "BudgetExceeded", "BudgetMatch", "CURATOR_ROLE", "Charge", "Finding", "Ledger",
            "LedgerLocation", "LedgerUnavailable", "UnreadableCharge", "adopt_identity", "adopt_records",
            "budget_changes", "budget_key", "budget_match", "check", "default_ledger_path", "event_sha256",
            "grant_roles", "history", "is_url", "ledger_location", "migrate", "open_budget", "same_records_keys",

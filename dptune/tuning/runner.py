@@ -227,7 +227,7 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
     decided = "groups" in state  # written before Tune saves anything
     groups = _stored_groups(state["groups"], opts) if decided else None
     if not decided:  # Tune's saved trials are groups or single trials: a resume must run the same layout
-        if opts.group_trials and not adaptive and not opts.save_model and space.scheduler != "asha":
+        if opts.group_trials and not adaptive and not opts.save_model and space.scheduler == "fifo":
             basis = sampling_basis if sampling_basis is not None else float(len(data.train[1]))
             groups = _groups(draw, fixed, transfer, basis, _slots(resources))
         run.write_state(groups=groups)
@@ -235,13 +235,15 @@ def run_trials(space: SearchSpace, draw: Draw, data: Any, run: RunDir, opts: Ray
                   checkpoint_every=opts.checkpoint_every, sampling_basis=sampling_basis,
                   charged_points=list(charged_points), transfer=transfer)
     sched = None
-    if space.scheduler == "asha":  # Tune's ASHAScheduler on noised rung scores, each segment admitted by the filter
-        assert filter_budget is not None, "an ASHA search runs under its charged filter"
-        actor = asha.start_filter(run.sealed / "filter.json", [float(b) for b in filter_budget])
+    if space.scheduler != "fifo":  # rung by rung: ASHA (Tune's scheduler, each segment admitted) or own_curve
+        actor = None
+        if space.scheduler == "asha":
+            assert filter_budget is not None, "an ASHA search runs under its charged filter"
+            actor = asha.start_filter(run.sealed / "filter.json", [float(b) for b in filter_budget])
+            sched = asha.scheduler(space)
         trainable = tune.with_resources(tune.with_parameters(
             dptune_asha_trial, data=data, slots=draw.trials, fixed=fixed, rungs=space.rungs, filter_actor=actor,
             threads=common["threads"], charged_points=common["charged_points"]), resources)
-        sched = asha.scheduler(space)
     elif groups is not None:
         trainable = tune.with_resources(tune.with_parameters(dptune_group, groups=groups, **common), resources)
     else:

@@ -25,7 +25,7 @@ from ray import tune
 
 from dptune.config import TrialConfig, clipping
 
-__all__ = ["dptune_asha_trial", "dptune_group", "dptune_trial"]
+__all__ = ["dptune_asha_trial", "dptune_group", "dptune_trial", "stops_on_own_curve"]
 
 
 def dptune_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
@@ -213,7 +213,9 @@ def _adaptive_seed(base: int) -> int:
 def dptune_asha_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any]], fixed: dict[str, Any],
                       rungs: tuple[int, ...], filter_actor: Any, threads: int = 1,
                       charged_points: list[Any] | None = None) -> None:
-    """One configuration of the sealed draw (``trial_index``), trained rung segment by rung segment."""
+    """One configuration of the sealed draw (``trial_index``), trained rung segment by rung segment: each admitted by
+    the search's RDP filter (ASHA), or, with no filter (``own_curve``), all charged with the trial and the trial
+    stopping itself at the first rung whose noised score is not above its previous rung's."""
     import torch
 
     from dptune import dpsgd
@@ -237,15 +239,22 @@ def dptune_asha_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str
                                                     rungs=rungs))
 
         def admit(k: int) -> bool:
+            if filter_actor is None:  # own_curve: every segment is the trial's own, charged with it
+                return True
             return bool(ray.get(filter_actor.admit.remote(f"{index}/{k}", [float(c) for c in costs[k]])))
 
         base = {"final": True, "started": started, "trial_index": index, "params": params, "seed": str(slot["seed"]),
                 "node_id": "", "attempts": attempts}
 
+        scores: list[float] = []
+
         def report(k: int, result: Any) -> None:
             metrics = {**base, **_result_metrics(result, "cpu"), "epoch": rungs[k]}
             metrics["measured"] = {**metrics["measured"], "rung": k, "rungs": len(rungs)}
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(work)))
+            scores.append(float(result.score))
+            if filter_actor is None and stops_on_own_curve(scores):
+                raise dpsgd.FilterRefused  # own_curve: its own noised curve stopped improving
 
         result = dpsgd.run_rungs(cfg, data, rungs, admit=admit, report=report, checkpoint_path=work / "trial.pt",
                                  charged_points=charged_points or None)
@@ -253,3 +262,9 @@ def dptune_asha_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str
             tune.report({"final": True, "not_run": True, "trial_index": index, "epoch": 0, "score": float("-inf")})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stops_on_own_curve(scores: list[float]) -> bool:
+    """``own_curve``: a trial stops at the first rung whose noised score is not above its previous rung's. It reads
+    the trial's own releases only (no other trial's), so the trial stays one run of a fixed mechanism."""
+    return len(scores) > 1 and not scores[-1] > scores[-2]
