@@ -136,3 +136,26 @@ def test_asha_runs_only_under_the_filter_and_its_own_settings(tmp_path, changes,
     assert e.value.field == field, e.value
     if field == "search.scheduler":
         assert "privacy.stopping: filter" in e.value.fix
+
+
+def test_a_resumed_search_continues_the_same_sealed_filter(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What the filter actor keeps (dptune/tuning/asha.py): every admission on disk before the trial hears yes; a
+    resumed search reads it back (no segment charged twice, the spent sum kept), and refuses another bound."""
+    from dptune.tuning.asha import SealedFilter
+
+    costs, full = _trial()
+    path = tmp_path / "filter.json"
+    first = SealedFilter(path, [float(b) for b in 2 * full])
+    assert first.admit("0/0", [float(c) for c in costs[0]]) and first.admit("0/1", [float(c) for c in costs[1]])
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    resumed = SealedFilter(path, [float(b) for b in 2 * full])  # the crash: a fresh actor, the same file
+    assert sorted(resumed.filter.admitted) == ["0/0", "0/1"]
+    assert np.array_equal(resumed.filter.spent, first.filter.spent)
+    assert resumed.admit("0/1", [float(c) for c in costs[1]])  # the retried segment: admitted, not charged again
+    assert np.array_equal(resumed.filter.spent, first.filter.spent)
+    for k in (2, 3):
+        assert resumed.admit(f"0/{k}", [float(c) for c in costs[k]])
+    assert all(resumed.admit(f"1/{k}", [float(c) for c in c_]) for k, c_ in enumerate(costs))
+    assert not SealedFilter(path, [float(b) for b in 2 * full]).admit("2/0", [float(c) for c in costs[0]])
+    with pytest.raises(ValueError, match="bound"):
+        SealedFilter(path, [float(b) for b in 3 * full])

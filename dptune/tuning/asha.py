@@ -1,6 +1,6 @@
 """ASHA on Ray Tune under an RDP filter: the filter actor, the trial, and Tune's own scheduler.
 
-* :class:`FilterActor` holds the search's RDP filter (``dptune.accounting.RdpFilter``; docs/accountant.md, "ASHA
+* :class:`SealedFilter` (as the Ray actor :data:`FilterActor`) holds the search's RDP filter (``dptune.accounting.RdpFilter``; docs/accountant.md, "ASHA
   under an RDP filter") in the driver's Ray session. A trial asks it to admit each rung segment before running it;
   an admission is written to ``sealed/filter.json`` (0600, atomically) before the answer, so a resumed search
   continues the same filter: a segment admitted before is not charged twice, and none runs without admission.
@@ -22,14 +22,14 @@ from typing import Any
 
 import ray
 
-__all__ = ["FilterActor", "scheduler", "start_filter"]
+__all__ = ["FilterActor", "SealedFilter", "scheduler", "start_filter"]
 
 
-@ray.remote(num_cpus=0)
-class FilterActor:
-    """The search's RDP filter, persisted in ``path`` (module docstring)."""
+class SealedFilter:
+    """The search's RDP filter, persisted in ``path`` (module docstring): created with its bound, or read back with
+    every admission it made (a resumed search), refused if the bound is not this search's."""
 
-    def __init__(self, path: str, budget: list[float]) -> None:
+    def __init__(self, path: str | Path, budget: list[float]) -> None:
         import numpy as np
 
         from dptune.accounting import RdpFilter
@@ -60,6 +60,9 @@ class FilterActor:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+
+FilterActor = ray.remote(num_cpus=0)(SealedFilter)  # one per search, in the driver's Ray session
 
 
 def start_filter(path: Path, budget: list[float]) -> Any:
