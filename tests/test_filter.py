@@ -159,3 +159,13 @@ def test_a_resumed_search_continues_the_same_sealed_filter(tmp_path) -> None:  #
     assert not SealedFilter(path, [float(b) for b in 2 * full]).admit("2/0", [float(c) for c in costs[0]])
     with pytest.raises(ValueError, match="bound"):
         SealedFilter(path, [float(b) for b in 3 * full])
+
+
+def test_the_planner_prints_what_the_filter_admits_before_anything_is_charged(capsys) -> None:  # type: ignore[no-untyped-def]
+    from dptune.cli.plan import main
+
+    assert main(["--space", str(SPACE)]) == 0
+    out = capsys.readouterr().out
+    assert "rungs at epochs 1, 3, 9, 15" in out and "2 full-length trials' worth" in out
+    fits = {int(r): int(n) for n, r in __import__("re").findall(r"(\d+) stopping at epoch (\d+)", out)}
+    assert fits[15] == 2 and fits[1] > fits[3] > fits[9] >= fits[15]  # early stops buy configurations
