@@ -43,6 +43,29 @@ def run_cli(args: list[str], env: dict[str, str], timeout: int = 300) -> subproc
                           timeout=timeout)
 
 
+def factory_search(tmp_path: Path, folder: Path, factory: str, kwargs: dict[str, Any],
+                   clipping: str) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+    """``dptune search`` of the digits space with a user's ``factory:`` model (importable from ``folder``) under
+    ``clipping``, in a subprocess as a user runs it: the finished process and the charges its ledger holds."""
+    import yaml
+
+    space = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
+    space["model"] = {"factory": factory, "kwargs": kwargs}
+    space["fixed"]["clipping"] = clipping
+    path = tmp_path / "user_model.yaml"
+    path.write_text(yaml.safe_dump(space))
+    env = isolated_env_for(tmp_path)
+    env["PYTHONPATH"] = f"{folder}:{ROOT}"
+    ledger = tmp_path / "ledger.sqlite"
+    res = run_cli(["-m", "dptune.search", "--space", str(path), "--ledger", str(ledger), "--budget-epsilon", "8",
+                   "--runs-dir", str(tmp_path / "runs")], env)
+    if not ledger.exists():
+        return res, []
+    from dptune.ledger import Ledger
+
+    return res, list(Ledger(ledger).charges())
+
+
 @contextlib.contextmanager
 def importable_module(folder: Path, name: str, source: str) -> Iterator[Path]:
     """``source`` written as module ``name`` in ``folder`` and importable (``factory:<name>:…`` models) while inside;
@@ -162,7 +185,7 @@ def ledger_at(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 # subprocess environment (isolated HOME for Ray's token) means Ray; the real digits data means a DP-SGD run.
 _RAY_FIXTURES = frozenset({"isolated_env"})
 # a whole search (the CLI or the API: Ray starts, or the command runs up to it) in the test or one of its fixtures
-_RAY_CALLS = ("isolated_env_for(", "\"dptune.search\"", "dptune.search(")
+_RAY_CALLS = ("isolated_env_for(", "\"dptune.search\"", "dptune.search(", "factory_search(")
 _TRAIN_FIXTURES = frozenset({"digits", "small"})
 # a model's gradients computed (the clipping guard, an engine's step, the CLI's training): as slow as training
 _TRAIN_CALLS = ("run_trial(", "run_final(", "dptune.train", "run_group(", "validate_model(", "make_engine(",
@@ -171,7 +194,7 @@ _TRAIN_CALLS = ("run_trial(", "run_final(", "dptune.train", "run_group(", "valid
 _DB_FIXTURES = frozenset({"pg", "pg_url"})
 # a fresh interpreter (a subprocess or a spawned process: seconds of imports each), directly or through a module's
 # helper
-_SUBPROCESS_CALLS = ("subprocess.", "sys.executable", "run_cli(", "get_context(\"spawn\")")
+_SUBPROCESS_CALLS = ("subprocess.", "sys.executable", "run_cli(", "get_context(\"spawn\")", "factory_search(")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -77,6 +77,15 @@ class PgServer:
         with psycopg.connect(self.url(dbname), autocommit=True) as con:
             con.execute(statement)  # type: ignore[arg-type]
 
+    def login(self, url: str, role: str, prefix: str = "") -> str:
+        """A new login member of ``role``, its password in the pgpass file (as a user keeps it): ``url`` as it."""
+        name = f"{prefix or role.split('_')[-1][:3]}_{secrets.token_hex(3)}"
+        password = secrets.token_hex(8)
+        self.sql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE {role}")
+        with open(os.environ["PGPASSFILE"], "a") as f:
+            f.write(f"127.0.0.1:{self.port}:*:{name}:{password}\n")
+        return url.replace("postgresql://postgres@", f"postgresql://{name}@")
+
     def new_database(self, prefix: str = "t") -> str:
         name = f"{prefix}_{secrets.token_hex(6)}"
         self.sql(f'CREATE DATABASE "{name}"')

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig, clipping
@@ -26,7 +25,7 @@ from dptune.dpsgd._guard import _clipped_sum, _guarded, probe_rows
 from dptune.dpsgd._loop import padded_size
 from dptune.dpsgd._rows import check_program
 from dptune.models import build_model
-from tests.conftest import ROOT, importable_module, isolated_env_for, run_cli
+from tests.conftest import factory_search, importable_module
 
 MODULE = "dptune_test_captured_models"
 SHAPE, CLASSES = (1, 8, 8), 10
@@ -204,19 +203,7 @@ def test_the_fast_engines_take_a_graph_that_does_not_prove_only_by_name(adversar
 @pytest.mark.ray
 def test_search_cli_refuses_the_padded_size_model_with_exit_2_and_charges_nothing(adversarial: Path,
                                                                                    tmp_path: Path) -> None:
-    space = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
-    space["model"] = {"factory": f"{MODULE}:make", "kwargs": {"kind": "at_sixteen"}}
-    space["fixed"]["clipping"] = "bookkeeping"
-    path = tmp_path / "sixteen.yaml"
-    path.write_text(yaml.safe_dump(space))
-    env = isolated_env_for(tmp_path)
-    env["PYTHONPATH"] = f"{adversarial}:{ROOT}"
-    ledger = tmp_path / "ledger.sqlite"
-    res = run_cli(["-m", "dptune.search", "--space", str(path), "--ledger", str(ledger), "--budget-epsilon", "8",
-                   "--runs-dir", str(tmp_path / "runs")], env)
+    res, charges = factory_search(tmp_path, adversarial, f"{MODULE}:make", {"kind": "at_sixteen"}, "bookkeeping")
     assert res.returncode == 2, res.stderr[-2000:]
     assert "model" in res.stderr and "cannot be captured" in res.stderr
-    if ledger.exists():
-        from dptune.ledger import Ledger
-
-        assert Ledger(ledger).charges() == []
+    assert charges == []

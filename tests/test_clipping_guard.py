@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from dptune.config import ConfigError, TrialConfig, clipping
@@ -26,7 +25,7 @@ from dptune.dpsgd import engine_mode, make_engine, validate_model
 from dptune.dpsgd._checked import checked_model
 from dptune.dpsgd._guard import guarded_clipping
 from dptune.models import build_model
-from tests.conftest import ROOT, importable_module, isolated_env_for, run_cli
+from tests.conftest import factory_search, importable_module
 
 MODULE = "dptune_test_guard_models"
 SHAPE, CLASSES = (1, 8, 8), 10
@@ -316,19 +315,7 @@ def test_the_guard_costs_little_on_the_shipped_models() -> None:
 @pytest.mark.ray
 def test_search_cli_refuses_an_under_clipping_model_with_exit_2_and_charges_nothing(user_models: Path,
                                                                                      tmp_path: Path) -> None:
-    space = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
-    space["model"] = {"factory": f"{MODULE}:make", "kwargs": {"kind": "patches"}}
-    space["fixed"]["clipping"] = "hooks"
-    path = tmp_path / "patches.yaml"
-    path.write_text(yaml.safe_dump(space))
-    env = isolated_env_for(tmp_path)
-    env["PYTHONPATH"] = f"{user_models}:{ROOT}"
-    ledger = tmp_path / "ledger.sqlite"
-    res = run_cli(["-m", "dptune.search", "--space", str(path), "--ledger", str(ledger), "--budget-epsilon", "8",
-                   "--runs-dir", str(tmp_path / "runs")], env)
+    res, charges = factory_search(tmp_path, user_models, f"{MODULE}:make", {"kind": "patches"}, "hooks")
     assert res.returncode == 2, res.stderr[-2000:]
     assert "clipping" in res.stderr and "functorch" in res.stderr
-    if ledger.exists():
-        from dptune.ledger import Ledger
-
-        assert Ledger(ledger).charges() == []
+    assert charges == []

@@ -5,8 +5,6 @@ and `ledger upgrade` migrates one written before it (tested from that schema, on
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +23,7 @@ def _event() -> Any:
 
 
 def _curator(pg: Any, pg_url: str) -> str:
-    name = f"hal_{secrets.token_hex(3)}"
-    password = secrets.token_hex(8)
-    pg.sql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE dptune_curator")
-    with open(os.environ["PGPASSFILE"], "a") as f:
-        f.write(f"127.0.0.1:{pg.port}:*:{name}:{password}\n")
-    return pg_url.replace("postgresql://postgres@", f"postgresql://{name}@")
+    return str(pg.login(pg_url, "dptune_curator", prefix="hal"))
 
 
 def test_each_charge_records_who_and_when_and_history_filters(pg: Any, pg_url: str,

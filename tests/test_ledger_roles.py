@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import secrets
 import sqlite3
 from pathlib import Path
@@ -72,12 +71,7 @@ def _event(sigma: float = 1.5) -> de.DpEvent:
 
 def _login(pg: Any, pg_url: str, role: str) -> str:
     """A new login in ``role`` (its password in the pgpass file): the URL it connects with."""
-    name = f"{role.split('_')[1][:3]}_{secrets.token_hex(3)}"
-    password = secrets.token_hex(8)
-    pg.sql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE {role}")
-    with open(os.environ["PGPASSFILE"], "a") as f:
-        f.write(f"127.0.0.1:{pg.port}:*:{name}:{password}\n")
-    return pg_url.replace("postgresql://postgres@", f"postgresql://{name}@")
+    return str(pg.login(pg_url, role))
 
 
 def _who(url: str) -> str:
