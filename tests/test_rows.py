@@ -131,3 +131,24 @@ def test_every_shipped_model_proves_in_train_and_eval(name: str, shape: tuple[in
     model.eval()
     with torch.no_grad():  # the eval graph is the model's eval forward, one example at a time or together
         assert torch.allclose(model(x), torch.cat([model(x[i:i + 1]) for i in range(3)]), atol=1e-5)
+
+
+def test_a_custom_autograd_function_is_refused_by_name_not_silently_replaced() -> None:
+    """Tracing runs a custom Function's forward as plain ops: its own backward would not train. Refused at capture,
+    naming it; outside tracing the Function works as before."""
+
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, h: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return h.clone()
+
+        @staticmethod
+        def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return 2 * g
+
+    with pytest.raises(ConfigError) as e:
+        capture(Head(lambda h: Doubled.apply(h)))
+    assert e.value.field == "model" and "Doubled" in e.value.problem and "backward" in e.value.problem
+    x = torch.ones(3, requires_grad=True)
+    Doubled.apply(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))

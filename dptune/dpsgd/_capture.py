@@ -21,7 +21,9 @@ What the graph proves is ``_rows``' job (``row_independence``)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -128,7 +130,8 @@ def capture(model: nn.Module) -> CapturedModel:
     try:
         for training in (True, False):
             model.train(training)
-            graph = _Tracer().trace(model)
+            with _custom_functions_refused():
+                graph = _Tracer().trace(model)
             _no_state_written(model)
             graph.owning_module = model  # type: ignore[assignment]  # for the impurity checks of its layer calls
             graph.eliminate_dead_code(_impure)  # what reaches neither the output nor a state does not run
@@ -143,6 +146,28 @@ def capture(model: nn.Module) -> CapturedModel:
     finally:
         model.train()
     return CapturedModel(model, graphs[0], graphs[1], type(model).__name__)
+
+
+class _CustomFunction(Exception):
+    """A ``torch.autograd.Function`` called on the traced input: tracing would keep its forward, not its backward."""
+
+
+@contextlib.contextmanager
+def _custom_functions_refused() -> Iterator[None]:
+    """While tracing, a custom ``torch.autograd.Function`` applied to a traced value raises ``_CustomFunction``: fx
+    would trace its forward as plain ops and its own backward would silently not train."""
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(a, fx.Proxy) for a in (*args, *kwargs.values())):
+            raise _CustomFunction(cls.__name__)
+        return original.__get__(None, cls)(*args, **kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original  # type: ignore[method-assign]
 
 
 def _impure(node: fx.Node) -> bool:
@@ -166,6 +191,8 @@ def _no_state_written(model: nn.Module) -> None:
 
 
 def _construct(e: Exception) -> str:
+    if isinstance(e, _CustomFunction):
+        return f"a custom torch.autograd.Function ({e}), whose own backward a captured program would not run"
     text = (str(e).splitlines() or [""])[0].strip()
     if "control flow" in text:
         return "a Python branch or loop on a value computed from the input, e.g. `if x.shape[0] == 16:` or " \
@@ -178,6 +205,8 @@ def _construct(e: Exception) -> str:
 
 
 def _fix(e: Exception) -> str:
+    if isinstance(e, _CustomFunction):
+        return "write it with torch operations (autograd derives their gradient) or a torch.nn layer"
     if "does not belong to this Graph" in str(e):
         return "keep no state between forward calls: compute what forward needs from its input and the parameters"
     return ("compute the same operations for every batch: a per-row condition as torch.where(cond, a, b), "
