@@ -152,3 +152,14 @@ def test_a_custom_autograd_function_is_refused_by_name_not_silently_replaced() -
     x = torch.ones(3, requires_grad=True)
     Doubled.apply(x).sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+def test_the_analysis_leaves_the_global_random_state_alone() -> None:
+    """It runs the train graph (dropout draws from torch's global generator): every trial runs it at its start, so it
+    must not shift the trial's random stream."""
+    model = capture(nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Dropout(0.5), nn.Linear(8, 10)))
+    torch.manual_seed(0)
+    before = torch.rand(4)
+    torch.manual_seed(0)
+    assert row_independence(model, (1, 8, 8), training=True) is None
+    assert torch.equal(torch.rand(4), before)

@@ -131,7 +131,8 @@ def _values(model: CapturedModel, graph: fx.Graph, shape: tuple[int, ...], b: in
     gen = torch.Generator().manual_seed(20261206 + b)  # synthetic inputs: no data is read
     run = _Run(model, garbage_collect_values=False, graph=graph)
     device = param.device if param is not None else torch.device("cpu")
-    with torch.no_grad():
+    # dropout draws from the global generators: forked, so the analysis leaves the trial's random state untouched
+    with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         run.run(torch.randn((b, *shape), generator=gen, dtype=dtype).to(device))
     return dict(run.env)
 
