@@ -96,6 +96,7 @@ def test_a_diverged_asha_trial_counts_with_minus_infinity(digits: Splits) -> Non
     assert reported and reported[-1][1] == -math.inf
 
 
+@pytest.mark.integration  # make test-slow (CI runs it): a whole own_curve search on Ray, ~15 s
 def test_own_curve_stops_a_trial_on_its_own_noised_scores_and_is_charged_at_every_rung(
         tmp_path: Path, isolated_env: dict[str, str]) -> None:
     """Route 2: random stopping over trials that each stop themselves; the charge is the worst case, a score at every
