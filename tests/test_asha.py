@@ -117,3 +117,46 @@ def test_own_curve_stops_a_trial_on_its_own_noised_scores_and_is_charged_at_ever
         assert r.measured["rungs"] == 2 and r.measured["applied_score_noise"] == 9.0
         assert r.steps == rung_steps(epochs=3, batch_size=int(r.params["batch_size"]), basis=1257,
                                      rungs=(1, 3))[int(r.measured["rung"])]
+
+
+@pytest.mark.slow  # make test-slow (CI runs it): an ASHA search interrupted and resumed, ~1 min of Ray restarts
+def test_a_resumed_asha_search_continues_the_same_filter(tmp_path: Path, isolated_env: dict[str, str]) -> None:
+    """Ctrl-C once the filter has admitted segments, then ``--resume``: the charge stays the one reservation, every
+    segment admitted before is still admitted (none charged twice: the filter's spend is the sum over its keys), and
+    every row's segments were admitted before they ran."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from dptune.ledger import Ledger
+    from tests.conftest import free_port, wait_until
+
+    raw = _small(epochs=9, mean=2)
+    space = tmp_path / "asha.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    env = {**isolated_env, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "dptune.search", "--space", str(space), "--name", "r", "--ledger", "ledger.sqlite",
+            "--budget-epsilon", "100", "--num-cpus", "2", "--dashboard-port", str(free_port())]
+    filt = tmp_path / "runs" / "r" / "sealed" / "filter.json"
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        wait_until(lambda: filt.exists() and len(json.loads(filt.read_text())["admitted"]) >= 3, 240.0, 0.05)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    before = json.loads(filt.read_text())["admitted"]
+    assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]
+    done = subprocess.run([*args, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["committed"]  # no second charge
+    after = json.loads(filt.read_text())
+    assert all(after["admitted"][k] == v for k, v in before.items())  # the same filter, continued
+    spent = np.sum([np.asarray(v) for v in after["admitted"].values()], axis=0)
+    assert np.all(spent <= np.asarray(after["budget"]) * (1 + FILTER_SLACK))
+    for r in read_trials(tmp_path / "runs" / "r" / "sealed" / "trials.parquet"):
+        assert all(f"{r.index}/{k}" in after["admitted"] for k in range(int(r.measured["rung"]) + 1))

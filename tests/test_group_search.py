@@ -181,23 +181,25 @@ def test_a_resume_keeps_the_first_sessions_grouping(tmp_path: Path, capsys: pyte
 
 
 RAISES_LATE = '''
+import torch
 from torch import nn
 
 
 class Net(nn.Module):
-    """An MLP that raises in evaluation after 5 training calls when built with 8 groups: the user's own exception,
-    late enough that the clipping guard's probes (fresh copies, a few calls) never meet it."""
+    """An MLP that raises in evaluation once training has moved its weights, when built with 8 groups: the user's own
+    exception, late enough that the clipping guard's probes (fresh copies at their init) never meet it. In the
+    captured program: torch._assert on the parameters against a copy of their init (a buffer), never on the data."""
 
     def __init__(self, num_classes, shape, groups):
         super().__init__()
         self.body = nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], 32), nn.Tanh(),
                                   nn.Linear(32, num_classes))
-        self.groups, self.trained = groups, 0
+        self.groups = groups
+        self.register_buffer("init", self.body[1].weight.detach().clone())
 
     def forward(self, x):
-        self.trained += int(self.training)
-        if self.groups == 8 and not self.training and self.trained >= 5:
-            raise RuntimeError("the user's model raised")
+        if self.groups == 8 and not self.training:
+            torch._assert((self.body[1].weight - self.init).abs().max() < 1e-6, "the user's model raised")
         return self.body(x)
 
 

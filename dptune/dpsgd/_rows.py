@@ -172,6 +172,8 @@ def row_independence(model: CapturedModel, input_shape: tuple[int, ...], trainin
     random inputs (no data)."""
     graph = model.graph(training)
     was = model.training
+    # the graph's declared mutations (a step counter) run here too: every parameter and buffer is put back after
+    saved = {id(t): (t, t.detach().clone()) for t in (*model.parameters(), *model.buffers())}
     model.train(training)
     try:
         runs = [_values(model, graph, tuple(input_shape), b) for b in BATCHES]
@@ -183,6 +185,9 @@ def row_independence(model: CapturedModel, input_shape: tuple[int, ...], trainin
                       f"({type(e).__name__}: {str(e).splitlines()[0][:160]})")
     finally:
         model.train(was)
+        with torch.no_grad():
+            for t, value in saved.values():
+                t.copy_(value)
     carries: set[fx.Node] = set()
     sized: set[fx.Node] = set()  # non-tensor values that change with the batch size
     first: Mixing | None = None
