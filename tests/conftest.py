@@ -124,6 +124,19 @@ def wait_until(cond: Callable[[], bool], timeout: float = 120.0, step: float = 0
         time.sleep(step)
 
 
+def interrupt_when(proc: subprocess.Popen[str], ready: Callable[[], bool], timeout: float = 120.0) -> str:
+    """Ctrl-C ``proc`` (a search started in its own session, output piped) once ``ready()``: its output. Killed
+    outright (its whole session) if it is still running after that."""
+    try:
+        wait_until(ready, timeout, 0.05)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return str(out)
+
+
 def kill_one_trial_once_checkpointed(proc: subprocess.Popen[str], tune_dir: Path, *, timeout: float = 120.0,
                                      step: float = 0.2) -> str:
     """Once a trial of the search ``proc`` (its own session) has checkpointed under ``tune_dir``, SIGKILL one of

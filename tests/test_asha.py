@@ -124,13 +124,11 @@ def test_a_resumed_asha_search_continues_the_same_filter(tmp_path: Path, isolate
     """Ctrl-C once the filter has admitted segments, then ``--resume``: the charge stays the one reservation, every
     segment admitted before is still admitted (none charged twice: the filter's spend is the sum over its keys), and
     every row's segments were admitted before they ran."""
-    import os
-    import signal
     import subprocess
     import sys
 
     from dptune.ledger import Ledger
-    from tests.conftest import free_port, wait_until
+    from tests.conftest import free_port, interrupt_when
 
     raw = _small(epochs=9, mean=2)
     space = tmp_path / "asha.yaml"
@@ -141,13 +139,7 @@ def test_a_resumed_asha_search_continues_the_same_filter(tmp_path: Path, isolate
     filt = tmp_path / "runs" / "r" / "sealed" / "filter.json"
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    try:
-        wait_until(lambda: filt.exists() and len(json.loads(filt.read_text())["admitted"]) >= 3, 240.0, 0.05)
-        os.kill(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    out = interrupt_when(proc, lambda: filt.exists() and len(json.loads(filt.read_text())["admitted"]) >= 3, 240.0)
     assert proc.returncode == 130, out
     before = json.loads(filt.read_text())["admitted"]
     assert [c.status for c in Ledger(tmp_path / "ledger.sqlite").charges()] == ["reserved"]

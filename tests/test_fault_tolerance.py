@@ -26,6 +26,7 @@ from tests.conftest import (
     ROOT,
     digits_seed_with_k,
     free_port,
+    interrupt_when,
     kill_one_trial_once_checkpointed,
     run_cli,
     trial_processes,
@@ -128,13 +129,7 @@ def test_interrupted_search_never_releases_and_resumes_the_rest(tmp_path: Path, 
     that changes what runs is refused (exit 2, nothing charged); the same flags finish the same draw."""
     proc = _popen(_args(tmp_path, "intr"), isolated_env)
     tune_dir = tmp_path / "runs" / "intr" / "sealed" / "ray" / "tune"
-    try:
-        wait_until(lambda: any(tune_dir.glob("*/checkpoint_*")), step=0.05)
-        os.kill(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    out = interrupt_when(proc, lambda: any(tune_dir.glob("*/checkpoint_*")))
     assert proc.returncode == 130, out
     assert "interrupted; nothing was released" in out and "--resume" in out and "Traceback" not in out
     run = tmp_path / "runs" / "intr"

@@ -17,7 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from dptune.ledger import Ledger
-from tests.conftest import ROOT, digits_seed_with_k, free_port, kill_one_trial_once_checkpointed, wait_until
+from tests.conftest import (
+    ROOT,
+    digits_seed_with_k,
+    free_port,
+    interrupt_when,
+    kill_one_trial_once_checkpointed,
+    wait_until,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -44,13 +51,7 @@ def _interrupted(cwd: Path, name: str, env: dict[str, str]) -> str:
     proc = subprocess.Popen([sys.executable, *_args(name)], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     tune_dir = cwd / "runs" / name / "sealed" / "ray" / "tune"
-    try:
-        wait_until(lambda: any(tune_dir.glob("*/checkpoint_*")), 180.0, 0.05)
-        os.kill(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    out = interrupt_when(proc, lambda: any(tune_dir.glob("*/checkpoint_*")), 180.0)
     assert proc.returncode == 130, out
     assert [c.status for c in Ledger(cwd / "ledger.sqlite").charges()] == ["reserved"]
     return out
