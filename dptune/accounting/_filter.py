@@ -75,15 +75,13 @@ class RdpFilter:
 
     @property
     def spent(self) -> np.ndarray:
-        """The admitted segments' RDP, summed at each order (math.fsum: correctly rounded, whatever the order)."""
-        curves = list(self.admitted.values())
-        return np.array([math.fsum(float(c[i]) for c in curves) for i in range(len(ORDERS))])
+        """The admitted segments' RDP, summed at each order."""
+        return _total(list(self.admitted.values()))
 
     def fits(self, cost: np.ndarray) -> bool:
         """Whether admitting ``cost`` keeps the sum within the bound at every order (within ``FILTER_SLACK``, which
         the charge includes: ``RdpFilterDpEvent``)."""
-        curves = [*self.admitted.values(), np.asarray(cost, dtype=np.float64)]
-        total = np.array([math.fsum(float(c[i]) for c in curves) for i in range(len(ORDERS))])
+        total = _total([*self.admitted.values(), np.asarray(cost, dtype=np.float64)])
         return bool(np.all(total <= self.budget * (1 + FILTER_SLACK)))
 
     def admit(self, key: str, cost: np.ndarray) -> bool:
@@ -111,6 +109,11 @@ class RdpFilter:
                    {str(k): np.asarray(v, dtype=np.float64) for k, v in dict(data.get("admitted", {})).items()})
 
 
+def _total(curves: list[np.ndarray]) -> np.ndarray:
+    """Curves summed at each order with math.fsum: correctly rounded, whatever order they were admitted in."""
+    return np.array([math.fsum(float(c[i]) for c in curves) for i in range(len(ORDERS))])
+
+
 def admits(budget: np.ndarray, costs: list[np.ndarray], stop_at: int) -> int:
     """How many trials of segment costs ``costs`` the bound admits when every trial stops after segment
     ``stop_at`` (0: the first rung; len(costs) - 1: full length), segments admitted in order: the planner's
@@ -133,7 +136,8 @@ def filter_schedule(space: Any, plan: Any) -> dict[str, Any]:
     from dptune.config.params import rung_steps
 
     rungs = space.rungs
-    budget = rdp_of(plan.search_event) / (1 + FILTER_SLACK)  # the bound itself (its event's RDP has the slack)
+    budget = filter_bound(plan.search_event)  # the bound the search's filter actor holds
+    assert budget is not None, "an ASHA space is charged an RdpFilterDpEvent"
     fits: dict[int, int] = {}
     steps: tuple[int, ...] = ()
     for p in plan.points:  # every trial at this point: the fewest configurations over the points
@@ -143,7 +147,7 @@ def filter_schedule(space: Any, plan: Any) -> dict[str, Any]:
                               score_noise=p.score_noise)
         steps = max(steps, at)
         for k, r in enumerate(rungs):
-            fits[int(r)] = min(fits.get(int(r), 10**9), admits(budget, costs, k))
+            fits[int(r)] = min(fits.get(int(r), 10**9), admits(np.asarray(budget), costs, k))
     out = {"rungs": list(rungs), "steps": list(steps), "full_trials": int(np.ceil(plan.stopping.mean)),
            "grace_period": space.grace_period, "reduction_factor": space.reduction_factor,
            "configs_if_stopped_at": fits}

@@ -32,7 +32,7 @@ from torch import fx, nn
 from dptune.config import ConfigError
 from dptune.models import WSConv2d
 
-__all__ = ["CapturedModel", "capture", "is_captured"]
+__all__ = ["CapturedModel", "capture"]
 
 _OWN_LEAVES = (WSConv2d,)  # dptune's own parameter-owning layers, kept as calls (audited rules in _rows)
 
@@ -115,10 +115,6 @@ class CapturedModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"captured from {self.captured_from}"
-
-
-def is_captured(model: nn.Module) -> bool:
-    return isinstance(model, CapturedModel)
 
 
 def capture(model: nn.Module) -> CapturedModel:

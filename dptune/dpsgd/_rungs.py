@@ -53,15 +53,14 @@ def run_rungs(config: TrialConfig, data: Splits, rungs: tuple[int, ...], *, admi
         if k + 1 < len(rungs) and not admit(k + 1):
             raise FilterRefused
 
-    prepared_box: list[PreparedTrial] = []
-
-    def on_epoch(epoch: int, metrics: dict[str, Any]) -> None:
-        if epoch in rungs:
-            at_rung(prepared_box[0], epoch)
-
     prepared = prepare(config, data, dev, sampling_basis=sampling_basis, charged_points=charged_points,
-                       checkpoint_path=checkpoint_path, on_epoch=on_epoch)
-    prepared_box.append(prepared)
+                       checkpoint_path=checkpoint_path)
+
+    def on_epoch(epoch: int, metrics: dict[str, Any]) -> None:  # after the epoch's checkpoint
+        if epoch in rungs:
+            at_rung(prepared, epoch)
+
+    prepared.on_epoch = on_epoch
     done = prepared.run.state.epochs_done
     first = next((k for k, r in enumerate(rungs) if r > done), len(rungs))
     try:

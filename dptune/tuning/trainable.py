@@ -64,14 +64,12 @@ def _work_dir() -> Path:
 def _trial_body(work: Path, index: int, slot: dict[str, Any], params: dict[str, Any], started: float, *, data: Any,
                 fixed: dict[str, Any], save_model: bool, checkpoint_every: int, sampling_basis: float | None,
                 charged_points: list[Any] | None, transfer: Any) -> None:
-    import torch
 
     from dptune import dpsgd
 
     ckpt_path = work / "trial.pt"
     attempts = _restore(work)
-    device = "cuda" if torch.cuda.is_available() and tune.get_context().get_trial_resources().required_resources.get(
-        "GPU", 0) > 0 else "cpu"
+    device = _device()
 
     def on_epoch(epoch: int, metrics: dict[str, Any]) -> None:
         if checkpoint_every and epoch % checkpoint_every == 0:
@@ -135,14 +133,12 @@ def dptune_group(config: dict[str, Any], *, data: Any, slots: list[dict[str, Any
 def _group_body(work: Path, members: list[int], started: float, *, data: Any, slots: list[dict[str, Any]],
                 fixed: dict[str, Any], checkpoint_every: int, sampling_basis: float | None,
                 charged_points: list[Any] | None, transfer: Any) -> None:
-    import torch
 
     from dptune import dpsgd
     from dptune.tuning.grouping import group_clipping
 
     attempts = _restore(work)
-    device = "cuda" if torch.cuda.is_available() and tune.get_context().get_trial_resources().required_resources.get(
-        "GPU", 0) > 0 else "cpu"
+    device = _device()
     configs = []
     for index in members:
         params = dict(slots[index]["params"])
@@ -194,6 +190,14 @@ def _measured(result: Any) -> dict[str, Any]:
     return out
 
 
+def _device() -> str:
+    """``cuda`` where Ray gave this trial a GPU (and torch sees one), else ``cpu``."""
+    import torch
+
+    gpus = tune.get_context().get_trial_resources().required_resources.get("GPU", 0)
+    return "cuda" if torch.cuda.is_available() and gpus > 0 else "cpu"
+
+
 def _node_id() -> str:
     try:
         import ray
@@ -243,13 +247,14 @@ def dptune_asha_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str
                 return True
             return bool(ray.get(filter_actor.admit.remote(f"{index}/{k}", [float(c) for c in costs[k]])))
 
+        device = _device()
         base = {"final": True, "started": started, "trial_index": index, "params": params, "seed": str(slot["seed"]),
-                "node_id": "", "attempts": attempts}
+                "node_id": _node_id(), "attempts": attempts}
 
         scores: list[float] = []
 
         def report(k: int, result: Any) -> None:
-            metrics = {**base, **_result_metrics(result, "cpu"), "epoch": rungs[k]}
+            metrics = {**base, **_result_metrics(result, device), "epoch": rungs[k]}
             metrics["measured"] = {**metrics["measured"], "rung": k, "rungs": len(rungs)}
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(work)))
             scores.append(float(result.score))
@@ -257,7 +262,7 @@ def dptune_asha_trial(config: dict[str, Any], *, data: Any, slots: list[dict[str
                 raise dpsgd.FilterRefused  # own_curve: its own noised curve stopped improving
 
         result = dpsgd.run_rungs(cfg, data, rungs, admit=admit, report=report, checkpoint_path=work / "trial.pt",
-                                 charged_points=charged_points or None)
+                                 device=device, charged_points=charged_points or None)
         if result is None:  # refused before its first segment: it touched no data
             tune.report({"final": True, "not_run": True, "trial_index": index, "epoch": 0, "score": float("-inf")})
     finally:
