@@ -11,6 +11,7 @@ import numpy as np
 from harness.context import Bench
 from harness.modes import MODES, measured
 from harness.runner import Cells
+from harness.scheduled import hardware_table
 from harness.stats import gap_share, paired_stats, significance
 
 TITLES = {"a": "(a) baseline, whole ε", "o": "(o) oracle grid, test-scored (not private)"}
@@ -201,7 +202,8 @@ def report(run: Run, cells: Cells) -> str:
                                          f"{', '.join(f'{x:g}:{y:g}' for x, y in b.spec.grid)}, each trained once "
                                          "with the whole ε and scored on the test split." if grid else ""), "",
              NOTE, "", *(f"- {MODES[t].doc}" for t in run.tasks), "",
-             *privacy_table(run, cells), "", *accuracy_table(run, cells), "", *row_table(run, cells), ""]
+             *privacy_table(run, cells), "", *accuracy_table(run, cells), "", *hardware_table(run.modes, cells), "",
+             *row_table(run, cells), ""]
     if run.verdicts:
         lines += [*verdict_table(run, cells), ""]
     lines += ["Beats (a) = 95 % bootstrap CI of the paired mean difference excludes 0 and paired t-test p < 0.05. "

@@ -25,6 +25,7 @@ def load_modes() -> dict[str, Any]:
     """Every registered mode (importing the modules registers them)."""
     import harness.fixed_sigma
     import harness.scaled_rules
+    import harness.scheduled
     import harness.searches  # noqa: F401
 
     return MODES
