@@ -52,9 +52,10 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from dptune.config import TrialConfig, clipping
 from dptune.data import Splits
-from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_rows, physical_batches
+from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_rows, padded_size, physical_batches
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
+OLD = "bookkeeping, old buckets"
 CASES = (("gn_cnn", (1, 8, 8), 256, 30, 5), ("tanh_cnn", (1, 28, 28), 256, 12, 3),  # tanh_cnn: the MNIST spaces'
          ("resnet9", (3, 32, 32), 32, 8, 2))  # model, input shape, B, default repetitions, --quick repetitions
 POOL = 8  # examples in the data = POOL · B, so q = 1 / POOL
@@ -84,7 +85,20 @@ def _interleaved(steps: dict[str, Callable[[list[int]], None]], logical: list[li
     return times
 
 
-def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int], chunk: int) -> None:
+def pow2_to_32(n: int) -> int:
+    """The loop's buckets before 2026-12-07 (``--old-buckets``): powers of two up to 32, then as ``padded_size``."""
+    return 1 << max(n - 1, 0).bit_length() if n <= 32 else padded_size(n)
+
+
+def _old_padded(x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    xb, yb = padded_rows(x, y, idx)
+    pad = pow2_to_32(len(idx)) - len(idx)
+    return (torch.cat([xb[:len(idx)], xb.new_zeros((pad, *xb.shape[1:]))]),
+            torch.cat([yb[:len(idx)], yb.new_zeros(pad)])) if pad else (xb[:len(idx)], yb[:len(idx)])
+
+
+def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int], chunk: int,
+               pad: Callable[..., tuple[torch.Tensor, torch.Tensor]] = padded_rows) -> None:
     """One logical DP step as the trial loop runs it (views 0): physical chunks, each padded to its bucket; a mode
     that cannot accumulate (ghost) runs the logical batch whole, as the loop does (its trial needs a physical batch
     of at least B + 4 sqrt(B), else it runs hooks)."""
@@ -95,7 +109,7 @@ def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int],
         if len(rows) == 0:
             engine.empty()
         else:
-            float(engine.backward(*padded_rows(x, y, rows), 0, len(rows)))  # the loop logs the loss: a synchronisation
+            float(engine.backward(*pad(x, y, rows), 0, len(rows)))  # the loop logs the loss: a synchronisation
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -127,10 +141,10 @@ def _exact_step(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> None:
     engine.optimizer.zero_grad(set_to_none=True)
 
 
-def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool
-                ) -> tuple[dict[str, float], tuple[float, ...], list[int], int]:
+def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool,
+                physical: int = 0, old_buckets: bool = False) -> tuple[dict[str, float], tuple[float, ...], list[int], int]:
     cfg = _config(model_name, batch)
-    chunk = cfg.physical_batch_size
+    chunk = physical or cfg.physical_batch_size
     data = _fake_splits(shape, n=batch)
     gen = torch.Generator().manual_seed(0)
     n = POOL * batch
@@ -155,6 +169,9 @@ def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: 
                 trial_step(engine, x, y, idx, chunk)
 
         steps[mode] = dp_step
+    if old_buckets and not exact:  # book-keeping again, its chunks padded to the buckets before 2026-12-07
+        old = make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1), meter=NoiseMeter())
+        steps[OLD] = lambda idx: trial_step(old, x, y, idx, chunk, pad=_old_padded)
     times = _interleaved(steps, logical)
     med = {k: statistics.median(v) for k, v in times.items()}
     return med, _spread(times["bookkeeping"], times["non-private"]), [len(b) for b in logical[2:]], chunk
@@ -350,6 +367,9 @@ def main() -> None:
     ap.add_argument("--ops", choices=[c[0] for c in CASES], help="per-op profile of one model (see above)")
     ap.add_argument("--layouts", action="store_true", help="channels-last against NCHW (see above)")
     ap.add_argument("--phases", choices=[c[0] for c in CASES], help="book-keeping's phases, timed (see above)")
+    ap.add_argument("--physical", type=int, default=0, help="physical batch size (0: the config's, 256)")
+    ap.add_argument("--old-buckets", action="store_true", help="also book-keeping with the chunks padded to the "
+                    "buckets before 2026-12-07 (powers of two up to 32), side by side")
     ap.add_argument("--models", nargs="+", choices=[c[0] for c in CASES], help="only these models")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -376,15 +396,18 @@ def main() -> None:
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; DP step = {what}; "
              "ratio = median DP step / median non-private step (interleaved)", "",
              "| model | B | physical | reps | logical batch sizes | non-private ms | " + " | ".join(MODES)
+             + (f" | {OLD}" if args.old_buckets else "")
              + " | bookkeeping, quartiles of paired ratios | bookkeeping, 90 % interval |",
-             "|---|---|---|---|---|---|" + "---|" * (len(MODES) + 2)]
+             "|---|---|---|---|---|---|" + "---|" * (len(MODES) + 2 + args.old_buckets)]
     print(lines[0])
     for name, shape, batch, reps in cases:
-        med, spread, sizes, chunk = bench_model(name, shape, batch, reps, args.exact_batch)
+        med, spread, sizes, chunk = bench_model(name, shape, batch, reps, args.exact_batch, args.physical,
+                                                args.old_buckets)
         base = med["non-private"]
         lines.append(f"| {name} | {batch} | {chunk} | {reps} | {min(sizes)}-{max(sizes)} (median "
                      f"{statistics.median(sizes):g}) | {base * 1e3:.1f} | "
-                     + " | ".join(f"{med[m] / base:.2f}x" for m in MODES)
+                     + " | ".join(f"{med[m] / base:.2f}x" for m in MODES if m in med)
+                     + (f" | {med[OLD] / base:.2f}x" if OLD in med else "")
                      + " | {:.2f}-{:.2f}x | {:.2f}-{:.2f}x |".format(*spread))
         print(lines[-1], flush=True)
     if not args.no_memory:

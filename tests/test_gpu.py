@@ -147,3 +147,15 @@ def test_bookkeeping_on_cuda_is_functorch_with_its_group_norms_from_their_backwa
             sums.append([p.grad for p in engine.params])
     for a, b in zip(*sums, strict=True):
         assert torch.allclose(a, b, atol=1e-5), a.shape
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "bookkeeping", "functorch"])
+@pytest.mark.parametrize(("name", "shape"), [("gn_cnn", (1, 8, 8)), ("tanh_cnn", (1, 28, 28)), ("resnet9", (3, 32, 32)),
+                                             ("wrn16_4", (3, 32, 32))])
+def test_every_engine_is_exact_on_cuda_at_every_padded_size(name: str, shape: tuple[int, int, int], mode: str) -> None:
+    """The CPU suite's engine test (tests/test_engines_padded.py) on CUDA, where the engines take their GPU branches
+    (the streamed layer as one block, the pixel-Gram ghost norm, the kept-or-ghost rule, the CNNs' layout on CUDA):
+    each clipped sum against each example's own gradient, clipped by hand, at every padded size to 20 rows."""
+    from tests.test_engines_padded import check
+
+    check(name, shape, mode, 20, device="cuda")

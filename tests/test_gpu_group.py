@@ -28,7 +28,7 @@ def test_the_group_stage_smoke_run(tmp_path: Path, isolated_env: dict[str, str])
     assert res["max_param_diff_company"] == 0.0  # bitwise: a group of one and the group of two
     assert res["max_param_diff_repeat"] == 0.0  # a CPU's kernels: deterministic
     assert res["max_param_diff_group_vs_alone_functorch"] < 1e-4  # GN-CNN's grouped convolution: rounding only
-    assert [s["rows"] for s in res["real_shape"]] == [1, 2, 4, 8, 16, 32, 40, 48]  # every size, to the 48-row chunk
+    assert [s["rows"] for s in res["real_shape"]] == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48]  # every size, to the 48-row chunk
     assert all(s["position"] == 0.0 and s["company"] == 0.0 for s in res["real_shape"])
     assert all(s > 0 for s in res["steps"]) and all(abs(v - 1) < 0.05 for v in res["noise_std_over_sigma_c"])
     assert all(0 < a <= 1 for a in res["test_accuracy_alone"] + res["test_accuracy_group"])

@@ -135,7 +135,7 @@ def _no_company(digits: Splits, monkeypatch: pytest.MonkeyPatch) -> None:
     res = [BASE.replace(model="resnet9", groups=8, batch_size=32, physical_batch_size=32, epochs=1.0,
                         learning_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0, seed=2**100 + 40 + i)
            for i in range(2)]
-    assert call_sizes([prepare(c, data, torch.device("cpu")) for c in res]) == [1, 2, 4, 8, 16, 32]  # the guard's
+    assert call_sizes([prepare(c, data, torch.device("cpu")) for c in res]) == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32]  # the guard's
     calls = _count_calls(monkeypatch)  # the group's calls really ran
     alone = run_group(res[:1], data, return_model=True, lanes_per_call=2)[0]
     assert calls and set(calls) == {(2, 1)}  # alone: its own lane and a copy of it
@@ -249,7 +249,7 @@ def test_group_probe_reports_what_the_group_runs(digits: Splits, dropout: Path) 
 
     probe = group_probe(TRIALS, digits, lanes_per_call=3)
     assert probe["shared"] and probe["refused"] is None and probe["lanes_per_call"] == 3
-    assert [r["rows"] for r in probe["sizes"]] == [1, 2, 4, 8, 16, 32, 40, 48]  # up to the 48-row physical chunk
+    assert [r["rows"] for r in probe["sizes"]] == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48]  # up to the 48-row physical chunk
     assert all(r["count"] == r["position"] == r["company"] == 0.0 for r in probe["sizes"])
     assert group_probe(TRIALS, digits, sizes=[4])["refused"] == "one trial per call: each trial's own engine"
     drop = [c.replace(model="factory:group_dropout_models:make", epochs=0.2) for c in TRIALS[:2]]

@@ -49,13 +49,14 @@ def physical_chunk(physical_batch_size: int, augmult: int) -> int:
 
 
 def padded_size(n: int) -> int:
-    """Physical batches are padded to a few bucket sizes: every new batch shape costs oneDNN a fresh
-    kernel (~0.1 s on CPU), and Poisson batches would otherwise have a new size at nearly every step. Powers of
-    two up to 32, then multiples of 8 (to 128), 16 (to 256) and 32: above 32 rows the padding is at most 7 rows in
-    33 (33 -> 40; powers of two made it 64, twice the work of a B = 32 step), a handful of shapes per trial."""
-    if n <= 32:
+    """Physical batches are padded to a few bucket sizes, so a trial runs a handful of batch shapes (the guard and a
+    group's isolation check run every one of them) rather than a new one at nearly every Poisson step. Powers of two
+    up to 8, then multiples of 4 (to 32), 8 (to 128), 16 (to 256) and 32: at most 3 padding rows below 32, where one
+    row of ResNet-9 costs 3 % of a B = 32 step (powers of two padded 17-31 rows to 32: the B = 32 trial step
+    1.0x-1.1x slower; bench/results/step_overhead.md), and at most 7 rows in 33 above it (33 -> 40)."""
+    if n <= 8:
         return 1 << max(n - 1, 0).bit_length()
-    step = 8 if n <= 128 else 16 if n <= 256 else 32
+    step = 4 if n <= 32 else 8 if n <= 128 else 16 if n <= 256 else 32
     return -(-n // step) * step
 
 
