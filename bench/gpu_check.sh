@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, on a machine with one GPU and no registry (the device tool): wheels carried in .whl/, the MNIST
-# t10k IDX files in .gpu/. Stages (default: all, in this order), each bounded by its own timeout:
+# t10k IDX files in .gpu/. Stages (default: tests engines mnist digits pack; group and search when named), each
+# bounded by its own timeout:
 #   tests   pytest -m gpu tests/test_gpu.py (every engine on CUDA with its charged noise; a Ray search granted a GPU)
 #   engines every clipping engine on CUDA and CPU side by side (bench/gpu_check.py)
 #   mnist   the issue-21 main job: search_spaces/mnist.yaml through Ray with --gpus-per-trial auto, then the
@@ -12,6 +13,10 @@
 #   group   vectorised trials on the GPU: G trials of one architecture as one computation (dpsgd.run_group) against
 #           the same trials one at a time, and whether a trial's numbers depend on its company at the real chunk
 #           shapes (bench/gpu_group.py; $OUT/gpu_group.json)
+#   search  a CIFAR-shaped search end to end on the card (issue 61): the ResNet-9 space on synthetic CIFAR-format
+#           data through `python -m dptune.search --group-trials`, then the final training it prints; the same
+#           space with one trial per card (--gpus-per-trial 1) beside it, trials per GPU-hour of each
+#           (bench/gpu_search.py; under 6 minutes; $OUT/gpu_search.json, $OUT/search_cifar_*.log)
 # nvidia-smi logs which processes hold the GPU while the searches run. Results under $OUT
 # (bench/results/gpu_check.md says what was seen).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -25,7 +30,7 @@ SMI=$!
 
 final() {  # run the `next:` command a search printed (the exact final-training command), on CUDA by default
   local cmd
-  cmd=$(grep -m1 '^  next:' "$1" | sed -e 's/^  next: *//' -e 's/ *(final training.*$//')
+  cmd=$(grep -m1 '^  next:' "$1" | sed -e 's/^  next: *//' -e 's/ *(.*$//')  # less its note
   echo "+ $cmd"
   [ -n "$cmd" ] && eval "timeout $2 $cmd"
 }
@@ -49,6 +54,12 @@ for stage in $STAGES; do
            timeout 330 python3 bench/gpu_pack.py --mnist .gpu --num-cpus 16 --out "$OUT/gpu_pack.json" \
              > "$OUT/gpu_pack.log" 2>&1
            echo "pack rc=$? ${SECONDS}s"; grep -E "^=== |^space |^(mnist|cifar10_resnet9)|Error|error:" "$OUT/gpu_pack.log" | tail -20 ;;
+    search) SECONDS=0
+           timeout 275 python3 bench/gpu_search.py --logs "$OUT" --out "$OUT/gpu_search.json" > "$OUT/gpu_search.log" 2>&1
+           echo "gpu_search rc=$? ${SECONDS}s"
+           grep -E "^=== |^arm |^(grouped|one_per_card) |^grouped/|^  (config|privacy):|Error|error:" "$OUT/gpu_search.log" | tail -20
+           SECONDS=0; final "$OUT/search_cifar_grouped.log" 60 > "$OUT/train_cifar.log" 2>&1
+           echo "train rc=$? ${SECONDS}s"; grep -v -i warn "$OUT/train_cifar.log" | tail -8 ;;
     group) SECONDS=0
            timeout 300 python3 bench/gpu_group.py --mnist .gpu --out "$OUT/gpu_group.json" > "$OUT/gpu_group.log" 2>&1
            echo "group rc=$? ${SECONDS}s"; grep -v -i warn "$OUT/gpu_group.log" | tail -30 ;;
