@@ -48,11 +48,12 @@ import torch
 import torch.nn.functional as F
 from harness.layouts import MNIST, mnist_t10k, nchw
 from harness.memory import peak_rss_gib
+from harness.steps import config, exact_step, fake_splits, interleaved, old_padded, plain_step, trial_step
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from dptune.config import TrialConfig, clipping
+from dptune.config import TrialConfig
 from dptune.data import Splits
-from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine, padded_rows, padded_size, physical_batches
+from dptune.dpsgd import Engine, NoiseMeter, init_model, make_engine
 
 MODES = ("hooks", "functorch", "ghost", "bookkeeping")
 OLD = "bookkeeping, old buckets"
@@ -61,91 +62,11 @@ CASES = (("gn_cnn", (1, 8, 8), 256, 30, 5), ("tanh_cnn", (1, 28, 28), 256, 12, 3
 POOL = 8  # examples in the data = POOL · B, so q = 1 / POOL
 
 
-def _fake_splits(shape: tuple[int, int, int], n: int = 8) -> Splits:
-    x, y = torch.zeros(n, *shape), torch.zeros(n, dtype=torch.long)
-    return Splits((x, y), (x, y), (x, y), 10, shape)
-
-
-def _timer(fn: Callable[[list[int]], None], idx: list[int]) -> float:
-    t = time.perf_counter()
-    fn(idx)
-    return time.perf_counter() - t
-
-
-def _interleaved(steps: dict[str, Callable[[list[int]], None]], logical: list[list[int]]) -> dict[str, list[float]]:
-    """Each step on each logical batch, round-robin (the first two batches a warm-up: allocator, vmap tracing, oneDNN
-    kernels): seconds per step, per name."""
-    for idx in logical[:2]:
-        for fn in steps.values():
-            fn(idx)
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for idx in logical[2:]:
-        for k, fn in steps.items():
-            times[k].append(_timer(fn, idx))
-    return times
-
-
-def pow2_to_32(n: int) -> int:
-    """The loop's buckets before 2026-12-07 (``--old-buckets``): powers of two up to 32, then as ``padded_size``."""
-    return 1 << max(n - 1, 0).bit_length() if n <= 32 else padded_size(n)
-
-
-def _old_padded(x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    xb, yb = padded_rows(x, y, idx)
-    pad = pow2_to_32(len(idx)) - len(idx)
-    return (torch.cat([xb[:len(idx)], xb.new_zeros((pad, *xb.shape[1:]))]),
-            torch.cat([yb[:len(idx)], yb.new_zeros(pad)])) if pad else (xb[:len(idx)], yb[:len(idx)])
-
-
-def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int], chunk: int,
-               pad: Callable[..., tuple[torch.Tensor, torch.Tensor]] = padded_rows) -> None:
-    """One logical DP step as the trial loop runs it (views 0): physical chunks, each padded to its bucket; a mode
-    that cannot accumulate (ghost) runs the logical batch whole, as the loop does (its trial needs a physical batch
-    of at least B + 4 sqrt(B), else it runs hooks)."""
-    opt = engine.optimizer
-    split = clipping.mode(engine.mode).accumulates
-    chunks = physical_batches([idx], chunk, opt) if split else [idx]
-    for rows in chunks:
-        if len(rows) == 0:
-            engine.empty()
-        else:
-            float(engine.backward(*pad(x, y, rows), 0, len(rows)))  # the loop logs the loss: a synchronisation
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-
-def _config(model_name: str, batch: int) -> TrialConfig:
-    return TrialConfig(model=model_name, batch_size=batch, clipping="hooks", noise_multiplier=1.0,
-                       groups=16 if model_name == "resnet9" else 4)
-
-
-def _plain_step(cfg: TrialConfig, data: Splits, x: torch.Tensor, y: torch.Tensor,
-                convert: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m) -> Callable[[], None]:
-    """Non-private SGD (momentum 0.9) on the rows x, y: the step a DP step is divided by."""
-    plain = convert(init_model(cfg, data))
-    sgd = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
-
-    def step() -> None:
-        sgd.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(plain(x), y)
-        loss.backward()
-        float(loss.detach())  # as the trial logs it
-        sgd.step()
-    return step
-
-
-def _exact_step(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> None:
-    """The engine alone on exactly the rows x, y: its backward and the optimizer's step."""
-    engine.backward(x, y, 0)
-    engine.optimizer.step()
-    engine.optimizer.zero_grad(set_to_none=True)
-
-
 def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: int, exact: bool,
                 physical: int = 0, old_buckets: bool = False) -> tuple[dict[str, float], tuple[float, ...], list[int], int]:
-    cfg = _config(model_name, batch)
+    cfg = config(model_name, batch)
     chunk = physical or cfg.physical_batch_size
-    data = _fake_splits(shape, n=batch)
+    data = fake_splits(shape, n=batch)
     gen = torch.Generator().manual_seed(0)
     n = POOL * batch
     x = torch.randn(n, *shape, generator=gen)
@@ -156,23 +77,23 @@ def bench_model(model_name: str, shape: tuple[int, int, int], batch: int, reps: 
     if exact:
         logical = [list(range(batch))] * (reps + 2)
     xb, yb = x[:batch], y[:batch]
-    plain_step = _plain_step(cfg, data, xb, yb)
-    steps: dict[str, Callable[[list[int]], None]] = {"non-private": lambda _: plain_step()}
+    plain = plain_step(cfg, data, xb, yb)
+    steps: dict[str, Callable[[list[int]], None]] = {"non-private": lambda _: plain()}
     for mode in MODES:
         engine = make_engine(mode, init_model(cfg, data), cfg, torch.Generator().manual_seed(1),
                              meter=None if exact else NoiseMeter())
 
         def dp_step(idx: list[int], engine: Engine = engine) -> None:
             if exact:
-                _exact_step(engine, xb, yb)
+                exact_step(engine, xb, yb)
             else:
                 trial_step(engine, x, y, idx, chunk)
 
         steps[mode] = dp_step
     if old_buckets and not exact:  # book-keeping again, its chunks padded to the buckets before 2026-12-07
         old = make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1), meter=NoiseMeter())
-        steps[OLD] = lambda idx: trial_step(old, x, y, idx, chunk, pad=_old_padded)
-    times = _interleaved(steps, logical)
+        steps[OLD] = lambda idx: trial_step(old, x, y, idx, chunk, pad=old_padded)
+    times = interleaved(steps, logical)
     med = {k: statistics.median(v) for k, v in times.items()}
     return med, _spread(times["bookkeeping"], times["non-private"]), [len(b) for b in logical[2:]], chunk
 
@@ -189,8 +110,8 @@ def _spread(dp: list[float], plain: list[float], draws: int = 2000) -> tuple[flo
 def _exact_case(model_name: str) -> tuple[TrialConfig, Splits, torch.Tensor, torch.Tensor, Engine]:
     """One model's B rows (synthetic, fixed seed) and a book-keeping engine for them: --ops' and --phases' case."""
     shape, batch = next((s, b) for n, s, b, _, _ in CASES if n == model_name)
-    cfg = _config(model_name, batch)
-    data = _fake_splits(shape, n=batch)
+    cfg = config(model_name, batch)
+    data = fake_splits(shape, n=batch)
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
     return cfg, data, x, y, make_engine("bookkeeping", init_model(cfg, data), cfg, torch.Generator().manual_seed(1))
@@ -203,7 +124,7 @@ def op_table(model_name: str, reps: int) -> list[str]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     cfg, data, x, y, engine = _exact_case(model_name)
-    steps = {"non-private": _plain_step(cfg, data, x, y), "bookkeeping": lambda: _exact_step(engine, x, y)}
+    steps = {"non-private": plain_step(cfg, data, x, y), "bookkeeping": lambda: exact_step(engine, x, y)}
     for _ in range(2):
         for fn in steps.values():
             fn()
@@ -281,7 +202,7 @@ def phase_table(model_name: str, reps: int) -> list[str]:
         for rep in range(reps + 2):
             if rep == 2:  # two warm-ups
                 spent.clear()
-            for total, step in (("non-private: total", np_step), ("dp: total", functools.partial(_exact_step,
+            for total, step in (("non-private: total", np_step), ("dp: total", functools.partial(exact_step,
                                                                                                  engine, x, y))):
                 t = time.perf_counter()
                 step()
@@ -320,19 +241,19 @@ def layout_table(reps: int) -> list[str]:
              "DP / non-private channels-last |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model_name in ("gn_cnn", "tanh_cnn"):
         data, label = _layout_data(model_name)
-        cfg = _config(model_name, 256).replace(clipping="bookkeeping")
+        cfg = config(model_name, 256).replace(clipping="bookkeeping")
         x, y = data.train
         sampler = UniformWithReplacementSampler(num_samples=len(y), sample_rate=256 / len(y), steps=reps + 2,
                                                 generator=torch.Generator().manual_seed(2))
         logical = [list(b) for b in sampler]
         steps: dict[str, Callable[[list[int]], None]] = {}
         for layout, convert in (("nchw", nchw), ("cl", lambda m: m)):
-            plain = _plain_step(cfg, data, x[:256], y[:256], convert)
+            plain = plain_step(cfg, data, x[:256], y[:256], convert)
             engine = make_engine("bookkeeping", convert(init_model(cfg, data)), cfg, torch.Generator().manual_seed(1),
                                  meter=NoiseMeter())
             steps[f"{layout} np"] = lambda _, plain=plain: plain()
             steps[f"{layout} dp"] = functools.partial(trial_step, engine, x, y, chunk=cfg.physical_batch_size)
-        m = {k: statistics.median(v) * 1e3 for k, v in _interleaved(steps, logical).items()}
+        m = {k: statistics.median(v) * 1e3 for k, v in interleaved(steps, logical).items()}
         lines.append(f"| {model_name} | {label} | 256 | {reps} | {m['nchw np']:.1f} | {m['cl np']:.1f} | "
                      f"{m['nchw np'] / m['cl np']:.2f}x | {m['nchw dp']:.1f} | {m['cl dp']:.1f} | "
                      f"{m['nchw dp'] / m['cl dp']:.2f}x | {m['nchw dp'] / m['nchw np']:.2f}x | "
@@ -343,7 +264,7 @@ def layout_table(reps: int) -> list[str]:
 
 def peak_rss_child() -> None:
     cfg = TrialConfig(model="resnet9", batch_size=64, physical_batch_size=64, groups=16, clipping="functorch")
-    data = _fake_splits((3, 32, 32), n=64)
+    data = fake_splits((3, 32, 32), n=64)
     x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
     out = {}
     for mode in ("bookkeeping", "hooks"):

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.context import DRAW_SEED, Bench
 from harness.modes import Mode, register
@@ -116,7 +117,7 @@ def _mode(name: str, edit: Callable[[dict[str, Any]], dict[str, Any]], title: st
 
 for _m in (_mode("RS", _fifo, f"(RS) {SPACE}'s fifo twin: random search to the last epoch, random stopping, "
                  f"Poisson mean {TWIN_MEAN}"),
-           _mode("OC", _own_curve, f"(OC) (RS) with each trial stopping itself on its own noised rung scores "
+           _mode("OC", _own_curve, "(OC) (RS) with each trial stopping itself on its own noised rung scores "
                  "(own_curve)"),
            _mode("AH", lambda raw: raw, f"(AH) ASHA under the RDP filter, {SPACE} as shipped (2 full trials' worth)"),
            _mode("AE", _asha_equal, f"(AE) ASHA under the RDP filter, {TWIN_MEAN} full trials' worth")):
