@@ -51,9 +51,10 @@ def physical_chunk(physical_batch_size: int, augmult: int) -> int:
 def padded_size(n: int) -> int:
     """Physical batches are padded to a few bucket sizes, so a trial runs a handful of batch shapes (the guard and a
     group's isolation check run every one of them) rather than a new one at nearly every Poisson step. Powers of two
-    up to 8, then multiples of 4 (to 32), 8 (to 128), 16 (to 256) and 32: at most 3 padding rows below 32, where one
-    row of ResNet-9 costs 3 % of a B = 32 step (powers of two padded 17-31 rows to 32: the B = 32 trial step
-    1.0x-1.1x slower; bench/results/step_overhead.md), and at most 7 rows in 33 above it (33 -> 40)."""
+    up to 8, then multiples of 4 (to 32), 8 (to 128), 16 (to 256) and 32: at most 3 padding rows below 32 (powers
+    of two padded 17-31 rows to 32, and one row of ResNet-9 is about 3 % of its B = 32 step), at most 7 rows in 33
+    above it (33 -> 40). Against powers of two, paired over the same 40 Poisson batches: ResNet-9's B 32 trial step
+    4.3 % faster, gn_cnn's B 256 step (its chunk's rest) 2.0 % (bench/results/step_overhead.md)."""
     if n <= 8:
         return 1 << max(n - 1, 0).bit_length()
     step = 4 if n <= 32 else 8 if n <= 128 else 16 if n <= 256 else 32
