@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness.synthetic import write_synthetic_cifar
+from harness.synthetic import synthetic_cifar_space, write_synthetic_cifar
 
 import dptune
 from dptune.trials import read_trials
@@ -62,14 +62,7 @@ def mnist_space(folder: Path, trials: int, epochs: float) -> dict[str, Any]:
 
 
 def cifar_space(folder: Path, per_batch: int, trials: int, epochs: float, smoke: bool) -> dict[str, Any]:
-    space = _composed(_yaml("cifar10_resnet9"), trials, epochs)
-    space["dataset"]["path"] = str(folder.resolve())
-    if per_batch != 10000:  # not CIFAR-10's 50,000 training images: declared, as the planner requires
-        space["dataset"]["pool_size"] = 5 * per_batch
-    if smoke:  # 5 x 64 images: a validation split and a batch that fit
-        space["dataset"]["validation_size"] = 64
-        space["fixed"].update(batch_size=32, physical_batch_size=16)
-    return space
+    return _composed(synthetic_cifar_space(folder, per_batch, smoke), trials, epochs)
 
 
 class GpuSampler:

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 import yaml
-from harness.synthetic import write_synthetic_cifar
+from harness.synthetic import synthetic_cifar_space, write_synthetic_cifar
 
 from dptune.trials import read_trials
 
@@ -50,15 +50,9 @@ ARMS = {"grouped": ["--group-trials"], "one_per_card": []}
 
 def write_space(folder: Path, per_batch: int, smoke: bool, target_epsilon: float, path: Path) -> Path:
     """``search_spaces/cifar10_resnet9.yaml`` on the synthetic ``folder``, written to ``path``."""
-    space = yaml.safe_load((ROOT / "search_spaces" / "cifar10_resnet9.yaml").read_text())
+    space = synthetic_cifar_space(folder, per_batch, smoke)
     space["name"] = "cifar10_resnet9_synthetic"
-    space["dataset"]["path"] = str(folder.resolve())
-    if per_batch != 10000:  # not CIFAR-10's 50,000 training images: declared, as the planner requires
-        space["dataset"]["pool_size"] = 5 * per_batch
     space["privacy"]["target_epsilon"] = target_epsilon  # search + final: the printed `next:` is complete
-    if smoke:  # 5 x 64 images: a validation split and a batch that fit
-        space["dataset"]["validation_size"] = 64
-        space["fixed"].update(batch_size=32, physical_batch_size=16)
     path.write_text(yaml.safe_dump(space, sort_keys=False))
     return path
 

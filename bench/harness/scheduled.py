@@ -11,8 +11,8 @@ Every mode is ``mnist_asha.yaml`` (beside ``--space``) with one edit; its trials
 
 A search's draw comes from the row seed and the mode's key (``dptune.search(seed=…)``: NOT PRIVATE, a bench); the
 rows at every ε of one split seed run the same draw, only their final runs differ: a worker searches once per split
-seed and mode, and the rows at a later ε (``search_reused``) train their final runs after that search's certificate. Each record holds the hardware the
-search used: trial-epochs (each sealed row's steps over its steps per epoch, summed) and its wall time with Ray on
+seed and mode, and the rows at a later ε (``search_reused``) train their final runs after that search's certificate.
+Each record holds the hardware the search used: trial-epochs (each sealed row's steps over its steps per epoch, summed) and its wall time with Ray on
 ``num_cpus`` = 2.
 """
 
@@ -31,8 +31,8 @@ from harness.modes import Mode, register
 SPACE = "mnist_asha.yaml"
 TWIN_MEAN = 4  # the fifo twin's Poisson mean: AE's bound, twice AH's
 RAY_CPUS = 2
-SEARCHED: dict[tuple[str, int], dict[str, Any]] = {}  # (mode, split seed) -> its search (record), in this worker
-SEARCHED_EVENTS: dict[tuple[str, int], list[Any]] = {}  # and its certificate's events
+# (mode, split seed) -> its search in this worker: the record, and the certificate's events its final runs follow
+SEARCHED: dict[tuple[str, int], tuple[dict[str, Any], list[Any]]] = {}
 
 
 def _fifo(raw: dict[str, Any]) -> dict[str, Any]:
@@ -66,22 +66,21 @@ class RaySearch(Mode):
         return raw
 
     def run(self, bench: Bench, plan: Any, eps: float, seed: int, data: Any, merged: Any) -> dict[str, Any]:
-        space = bench.same_data(bench.parse(self.raw(bench, eps, seed)), f"mode {self.name}")
+        raw = self.raw(bench, eps, seed)
+        space = bench.same_data(bench.parse(raw), f"mode {self.name}")
         if (self.name, seed) not in SEARCHED:  # one search per split seed: its charge does not depend on the total ε
-            SEARCHED[self.name, seed] = self.search(bench, eps, seed)
-        found = SEARCHED[self.name, seed]
-        out = bench.final_run(space.fixed.replace(**found["released"]), SEARCHED_EVENTS[self.name, seed], eps, merged,
-                              seed)
+            SEARCHED[self.name, seed] = self.search(bench, raw, space, eps, seed)
+        found, events = SEARCHED[self.name, seed]
+        out = bench.final_run(space.fixed.replace(**found["released"]), events, eps, merged, seed)
         return {**found, "search_reused": eps != found["searched_at"], **out}
 
-    def search(self, bench: Bench, eps: float, seed: int) -> dict[str, Any]:
-        """The search of row ``seed`` through ``dptune.search`` on a local Ray: what its final runs need and the
-        hardware it used."""
+    def search(self, bench: Bench, raw: dict[str, Any], space: Any, eps: float, seed: int
+               ) -> tuple[dict[str, Any], list[Any]]:
+        """The search of row ``seed`` (``raw``, parsed: ``space``) through ``dptune.search`` on a local Ray: the
+        hardware it used and what its final runs need (the release, the certificate's events)."""
         import dptune
         from dptune.trials import read_trials
 
-        raw = self.raw(bench, eps, seed)
-        space = bench.parse(raw)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             found = dptune.search(raw, budget_epsilon=100, ledger=Path(tmp) / "ledger.sqlite", runs_dir=Path(tmp),
@@ -92,9 +91,9 @@ class RaySearch(Mode):
         per_epoch = {b: math.ceil(bench.n_train / b) for b in (256, 1024, space.default.batch_size)}
         trial_epochs = sum(r.steps / per_epoch[int(r.params.get("batch_size", space.default.batch_size))]
                            for r in rows if r.steps)
-        SEARCHED_EVENTS[self.name, seed] = [e for _, e in found.certificate.events]
-        return {"trials": len(rows), "released": {k: found.config[k] for k in space.space}, "eps_search": found.epsilon,
-                "trial_epochs": trial_epochs, "search_seconds": seconds, "searched_at": eps}
+        record = {"trials": len(rows), "released": {k: found.config[k] for k in space.space},
+                  "eps_search": found.epsilon, "trial_epochs": trial_epochs, "search_seconds": seconds, "searched_at": eps}
+        return record, [e for _, e in found.certificate.events]
 
     def privacy(self, bench: Bench, eps: float, plan: Any, records: list[dict[str, Any]]) -> tuple[str, str, str]:
         space = bench.parse(self.raw(bench, eps, 0))

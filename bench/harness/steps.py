@@ -44,10 +44,10 @@ def pow2_to_32(n: int) -> int:
 
 
 def old_padded(x: torch.Tensor, y: torch.Tensor, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    xb, yb = padded_rows(x, y, idx)
-    pad = pow2_to_32(len(idx)) - len(idx)
-    return (torch.cat([xb[:len(idx)], xb.new_zeros((pad, *xb.shape[1:]))]),
-            torch.cat([yb[:len(idx)], yb.new_zeros(pad)])) if pad else (xb[:len(idx)], yb[:len(idx)])
+    """``padded_rows`` with the old buckets (``pow2_to_32``): the rows ``idx``, then zero rows."""
+    index = torch.as_tensor(idx)
+    xb, yb, pad = x[index], y[index], pow2_to_32(len(idx)) - len(idx)
+    return (torch.cat([xb, xb.new_zeros((pad, *xb.shape[1:]))]), torch.cat([yb, yb.new_zeros(pad)])) if pad else (xb, yb)
 
 
 def trial_step(engine: Engine, x: torch.Tensor, y: torch.Tensor, idx: list[int], chunk: int,

@@ -1,5 +1,6 @@
 """Synthetic data in the real on-disk formats, for smoke runs and throughput benches (no download): a CIFAR-10
-python-batches folder (``bench/cifar10.py --smoke``, ``bench/gpu_pack.py``)."""
+python-batches folder (``bench/cifar10.py --smoke``, ``bench/gpu_pack.py``, ``bench/gpu_search.py``) and the ResNet-9
+space reading it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
-__all__ = ["write_synthetic_cifar"]
+__all__ = ["synthetic_cifar_space", "write_synthetic_cifar"]
+
+SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 def write_synthetic_cifar(folder: Path, per_batch: int = 64, n_test: int = 64, seed: int = 0) -> Path:
@@ -33,3 +37,15 @@ def write_synthetic_cifar(folder: Path, per_batch: int = 64, n_test: int = 64, s
     meta = {"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": per_batch, "num_vis": 3072}
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return folder
+
+
+def synthetic_cifar_space(folder: Path, per_batch: int, smoke: bool) -> dict[str, Any]:
+    """``search_spaces/cifar10_resnet9.yaml`` reading the synthetic ``folder`` (``write_synthetic_cifar``)."""
+    space: dict[str, Any] = yaml.safe_load((SPACES / "cifar10_resnet9.yaml").read_text())
+    space["dataset"]["path"] = str(folder.resolve())
+    if per_batch != 10000:  # not CIFAR-10's 50,000 training images: declared, as the planner requires
+        space["dataset"]["pool_size"] = 5 * per_batch
+    if smoke:  # 5 x 64 images: a validation split and a batch that fit
+        space["dataset"]["validation_size"] = 64
+        space["fixed"].update(batch_size=32, physical_batch_size=16)
+    return space
